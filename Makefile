@@ -1,0 +1,37 @@
+# nicfleet — the two commands a newcomer needs are `make demo` and `make test`;
+# both install everything themselves (a .venv in the repo root, pinned versions).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck contracts unit clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "nicfleet needs Python >= 3.11"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/nicfleetctl demo
+
+lint: install
+	$(BIN)/ruff check agent aggregator proto tests bench
+	$(BIN)/ruff format --check agent aggregator proto tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+contracts: install
+	$(BIN)/lint-imports
+
+unit: install
+	$(BIN)/pytest -q
+
+test: install lint typecheck contracts unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,88 @@
+"""NATS subject names, KV bucket names and the node-name rule that guards them.
+
+Every subject nicfleet publishes or subscribes to is built here, so the wire layout is
+written down once. Node names become subject tokens and KV keys, so they are validated
+(DNS-1123 subdomain, the rule Kubernetes applies to node names) before use.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+PREFIX: Final = "nicfleet.v1"
+
+# KV buckets (JetStream)
+KV_NODES: Final = "nicfleet-nodes"
+KV_CONFIG: Final = "nicfleet-config"
+KV_ALERTS: Final = "nicfleet-alerts"
+
+# Subject leaf per node message kind
+SNAPSHOT: Final = "snapshot"
+COUNTERS: Final = "counters"
+EVENT: Final = "event"
+STATUS: Final = "status"
+NODE_KINDS: Final = (SNAPSHOT, COUNTERS, EVENT, STATUS)
+
+# All node traffic: nicfleet.v1.node.<node>.<kind>
+NODE_WILDCARD: Final = f"{PREFIX}.node.*.*"
+ALERT_WILDCARD: Final = f"{PREFIX}.alert.>"
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+MAX_NODE_NAME = 253
+
+
+class InvalidNodeName(ValueError):
+    """A node name that cannot be a Kubernetes node name (and so no subject token)."""
+
+
+def validate_node_name(name: str) -> str:
+    """Return `name` if it is a DNS-1123 subdomain; raise InvalidNodeName otherwise."""
+    if not name:
+        raise InvalidNodeName("node name is empty")
+    if len(name) > MAX_NODE_NAME:
+        raise InvalidNodeName(f"node name is longer than {MAX_NODE_NAME} characters")
+    if not _DNS1123_SUBDOMAIN.match(name):
+        raise InvalidNodeName(
+            f"node name {name!r} is not a DNS-1123 subdomain "
+            "(lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return name
+
+
+def node_token(node: str) -> str:
+    """The single subject token (and KV key) standing for a node.
+
+    Node names may contain dots, which NATS reads as token separators; a DNS-1123 name
+    never contains '_', so mapping '.' to '_' is reversible and keeps one token per node
+    (wildcards, per-node permissions and partitioning all rely on that).
+    """
+    return validate_node_name(node).replace(".", "_")
+
+
+def node_from_token(token: str) -> str:
+    """Inverse of node_token; raises InvalidNodeName for a token no node maps to."""
+    return validate_node_name(token.replace("_", "."))
+
+
+def node_subject(node: str, kind: str) -> str:
+    """`nicfleet.v1.node.<node-token>.<kind>` for a validated node name."""
+    if kind not in NODE_KINDS:
+        raise ValueError(f"unknown node message kind {kind!r}; expected one of {NODE_KINDS}")
+    return f"{PREFIX}.node.{node_token(node)}.{kind}"
+
+
+def parse_node_subject(subject: str) -> tuple[str, str]:
+    """Split a node subject into (node, kind); raise ValueError when it is not one."""
+    parts = subject.split(".")
+    if len(parts) != 5 or ".".join(parts[:3]) != f"{PREFIX}.node":
+        raise ValueError(f"subject {subject!r} is not {PREFIX}.node.<node>.<kind>")
+    if parts[4] not in NODE_KINDS:
+        raise ValueError(f"subject {subject!r} has unknown kind {parts[4]!r}")
+    return node_from_token(parts[3]), parts[4]
+
+
+def alert_subject(severity: str, rule: str, node: str) -> str:
+    """`nicfleet.v1.alert.<severity>.<rule>.<node-token>`."""
+    return f"{PREFIX}.alert.{severity}.{rule}.{node_token(node)}"
