@@ -1,0 +1,3 @@
+"""nicfleet agent: reads RDMA adapters on one host and publishes what it sees."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,53 @@
+"""The agent's exception tree; retryable vs permanent is a type, never a string.
+
+Readers translate OS errors into these at their boundary (`raise X(...) from exc`); the
+shell decides what is fatal. Nothing here does I/O.
+
+    AgentError
+    ├── SysfsRootError      the --sysfs-root is missing or is not a sysfs tree (permanent)
+    ├── ReadFailed          one file could not be read (per file: record it, go on)
+    └── ParseError          a file's text is not in the kernel's format (also a ValueError)
+"""
+
+from __future__ import annotations
+
+from proto.inventory import ReadError
+
+
+class AgentError(Exception):
+    """Base of every error the agent raises on purpose."""
+
+
+class SysfsRootError(AgentError):
+    """The sysfs root cannot be used at all; retrying will not help."""
+
+    def __init__(self, root: str, reason: str) -> None:
+        self.root = root
+        self.reason = reason
+        super().__init__(f"sysfs root {root!r} is unusable: {reason}")
+
+
+class ReadFailed(AgentError):
+    """One sysfs file (or link, or directory) could not be read.
+
+    `path` is the path the agent asked for, relative to the sysfs root and starting with
+    '/'; `error` is the errno name (ENOENT, EACCES, ...) or a short reason.
+    """
+
+    def __init__(self, path: str, error: str) -> None:
+        self.path = path
+        self.error = error
+        super().__init__(f"{path}: {error}")
+
+    def to_read_error(self) -> ReadError:
+        return ReadError(path=self.path, error=self.error)
+
+
+class ParseError(AgentError, ValueError):
+    """Text that is not in the format the kernel writes; names what was being parsed."""
+
+    def __init__(self, what: str, text: str, reason: str = "unexpected format") -> None:
+        self.what = what
+        self.text = text
+        self.reason = reason
+        super().__init__(f"cannot parse {what} from {text[:80]!r}: {reason}")

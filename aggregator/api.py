@@ -1,0 +1,197 @@
+"""The aggregator's HTTP API (aiohttp): health, readiness, metrics and the node views.
+
+Handlers read the `Fleet` and never change it; the clock, readiness check and metrics
+registry are passed in. Every error — bad parameter, unknown node, unknown route or
+method, unexpected exception — is answered with the JSON shape from `httperrors`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import msgspec
+from aiohttp import web
+from multidict import MultiMapping
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
+from aggregator.httperrors import BadParameter, error_response, json_response
+from proto.subjects import InvalidNodeName, validate_node_name
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NODE_LIST_PARAMS: Final = ("state", "limit", "offset")
+MAX_SUGGESTIONS: Final = 3
+# Any token is a valid HTTP method; only these become metric label values.
+_KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class ApiSettings(msgspec.Struct, frozen=True, kw_only=True):
+    stale_after: float = 30.0  # seconds without any message before a node is "stale"
+
+
+class NodeList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[NodeSummary, ...]
+    count: int  # items in this page
+    total: int  # nodes matching the filter, before limit/offset
+    offset: int
+    limit: int | None
+
+
+class _Api:
+    def __init__(
+        self,
+        fleet: Fleet,
+        settings: ApiSettings,
+        readiness: Callable[[], tuple[bool, str]],
+        clock: Callable[[], float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self.readiness = readiness
+        self.clock = clock
+        self.registry = registry
+        self.requests = Counter(
+            "nicfleet_api_requests",
+            "HTTP API requests answered, by route template and status code.",
+            ("method", "route", "status"),
+            registry=registry,
+        )
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except BadParameter as exc:
+            response = error_response(400, "bad_request", exc.message, field=exc.field)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise  # redirects and the like pass through untouched
+            response = _from_http_exception(request, exc)
+        except Exception:
+            log.exception("unhandled error serving %s %s", request.method, request.path)
+            response = error_response(500, "internal", "internal server error")
+        method = request.method if request.method in _KNOWN_METHODS else "other"
+        self.requests.labels(method, _route_label(request), str(response.status)).inc()
+        return response
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ready, reason = self.readiness()
+        if not ready:
+            return error_response(503, "not_ready", reason or "not ready")
+        return json_response({"status": "ready", "reason": reason})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def list_nodes(self, request: web.Request) -> web.Response:
+        state, limit, offset = _node_list_query(request)
+        now = self.clock()
+        stale_after = self.settings.stale_after
+        summaries = [summarize(r, now, stale_after) for r in self.fleet.records()]
+        if state is not None:
+            summaries = [s for s in summaries if s.state == state]
+        end = None if limit is None else offset + limit
+        page = tuple(summaries[offset:end])
+        body = NodeList(
+            items=page, count=len(page), total=len(summaries), offset=offset, limit=limit
+        )
+        return json_response(body)
+
+    async def get_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["node"]
+        try:
+            validate_node_name(name)
+        except InvalidNodeName as exc:
+            raise BadParameter("node", str(exc)) from exc
+        record = self.fleet.get(name)
+        if record is None:
+            close = difflib.get_close_matches(name, self.fleet.names(), n=MAX_SUGGESTIONS)
+            return error_response(
+                404,
+                "not_found",
+                f"node {name!r} not found",
+                field="node",
+                suggestions=tuple(close),
+            )
+        return json_response(describe(record, self.clock(), self.settings.stale_after))
+
+
+def build_app(
+    *,
+    fleet: Fleet,
+    settings: ApiSettings,
+    readiness: Callable[[], tuple[bool, str]],
+    clock: Callable[[], float],
+    metrics: CollectorRegistry | None = None,
+) -> web.Application:
+    """The API application. Registers its request counter in `metrics` (once per registry)."""
+    api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry())
+    app = web.Application(middlewares=[api.middleware])
+    app.router.add_get("/healthz", api.healthz)
+    app.router.add_get("/readyz", api.readyz)
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_get("/api/v1/nodes", api.list_nodes)
+    app.router.add_get("/api/v1/nodes/{node}", api.get_node)
+    return app
+
+
+def _node_list_query(request: web.Request) -> tuple[NodeState | None, int | None, int]:
+    query = request.query
+    for key in query:
+        if key not in NODE_LIST_PARAMS:
+            raise BadParameter(
+                key, f"unknown query parameter {key!r}; expected one of {list(NODE_LIST_PARAMS)}"
+            )
+        if len(query.getall(key)) > 1:
+            raise BadParameter(key, f"query parameter {key!r} given more than once")
+    state: NodeState | None = None
+    if "state" in query:
+        raw = query["state"]
+        matches = [s for s in NODE_STATES if s == raw]
+        if not matches:
+            raise BadParameter("state", f"state must be one of {list(NODE_STATES)}, got {raw!r}")
+        state = matches[0]
+    limit = _non_negative_int(query, "limit")
+    offset = _non_negative_int(query, "offset")
+    return state, limit, offset or 0
+
+
+def _non_negative_int(query: MultiMapping[str], key: str) -> int | None:
+    raw = query.get(key)
+    if raw is None:
+        return None
+    # int() also accepts " 7", "+7" and "1_000"; a query parameter should be plain digits.
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        raise BadParameter(key, f"{key} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
+    if isinstance(exc, web.HTTPNotFound):
+        return error_response(404, "not_found", f"no route for {request.method} {request.path}")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = sorted(exc.allowed_methods)
+        return error_response(
+            405,
+            "method_not_allowed",
+            f"method {request.method} not allowed on {request.path}; allowed: {allowed}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    return error_response(exc.status, "http_error", exc.reason)
+
+
+def _route_label(request: web.Request) -> str:
+    # The route template, never the raw path, so node names don't explode label cardinality.
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"

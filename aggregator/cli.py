@@ -1,0 +1,128 @@
+"""`nicfleet-aggregator`: the command line of the central service.
+
+Turns arguments into `AggregatorSettings`, installs signal handlers and runs the
+service; bad arguments are one clear message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from aggregator import __version__
+from aggregator.errors import AggregatorError
+from aggregator.service import AggregatorService, AggregatorSettings
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPv6]:PORT` → (host, port); port 0 lets the OS choose."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+class _Listen(click.ParamType):  # type: ignore[type-arg]
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_listen(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nicfleet-aggregator")
+def main() -> None:
+    """nicfleet aggregator: the fleet view of every node's RDMA path, served over HTTP."""
+
+
+@main.command()
+@click.option("--nats-url", help="NATS server URL. Default: start an embedded nats-server.")
+@click.option(
+    "--listen",
+    type=_Listen(),
+    default="127.0.0.1:8080",
+    show_default=True,
+    help="Address of the HTTP API (port 0: any free port).",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Policy YAML file (used when there is no cluster).",
+)
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(min=1.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds without messages after which a node is stale.",
+)
+@click.option(
+    "--nats-store-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="JetStream store of the embedded nats-server. Default: a temporary dir.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write {api_url, nats_url, pid} as JSON here once ready.",
+)
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def run(
+    nats_url: str | None,
+    listen: tuple[str, int],
+    policy_file: Path | None,
+    stale_after: float,
+    nats_store_dir: Path | None,
+    ready_file: Path | None,
+    verbose: int,
+) -> None:
+    """Consume node messages from NATS, keep the fleet view and serve the API."""
+    level = [logging.INFO, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    settings = AggregatorSettings(
+        nats_url=nats_url,
+        listen_host=listen[0],
+        listen_port=listen[1],
+        stale_after=stale_after,
+        nats_store_dir=nats_store_dir,
+        ready_file=ready_file,
+        policy_file=policy_file,
+    )
+    try:
+        asyncio.run(_serve(settings))
+    except AggregatorError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+    except OSError as exc:  # e.g. the listen address is taken
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+
+
+async def _serve(settings: AggregatorSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await AggregatorService(settings).run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(sig)

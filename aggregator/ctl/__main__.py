@@ -1,0 +1,3 @@
+from aggregator.ctl.main import main
+
+main()

@@ -1,0 +1,146 @@
+"""nicfleetctl's HTTP client for the aggregator API (httpx, sync).
+
+Turns transport failures and API error bodies into `CtlError`s a person can act on,
+each carrying the process exit code:
+
+CtlError (click.ClickException)
+├── ApiError       the server answered with an error or an unreadable body  (exit 1)
+├── BadInput       the request was rejected as invalid (HTTP 400)            (exit 2)
+└── Unreachable    no answer: refused, DNS, timeout                          (exit 3)
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Final
+
+import click
+import httpx
+import msgspec
+
+from aggregator.fleet import NodeDetail, NodeSummary
+
+DEFAULT_SERVER: Final = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT: Final = 10.0
+
+
+class CtlError(click.ClickException):
+    exit_code = 1
+
+
+class ApiError(CtlError):
+    exit_code = 1
+
+
+class BadInput(CtlError):
+    exit_code = 2
+
+
+class Unreachable(CtlError):
+    exit_code = 3
+
+
+class AggregatorClient:
+    """Sync client for `/api/v1`; use as a context manager so the connection pool closes."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.server,
+            timeout=timeout,
+            transport=transport,
+            headers={"Accept": "application/json"},
+        )
+
+    def __enter__(self) -> AggregatorClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def list_nodes(self, *, state: str | None = None) -> dict[str, Any]:
+        params = {"state": state} if state is not None else {}
+        return self._get("/api/v1/nodes", params)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._get(f"/api/v1/nodes/{name}", {})
+
+    def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            response = self._http.get(path, params=params)
+        except (httpx.ConnectError, httpx.TimeoutException) as exc:
+            raise Unreachable(
+                f"cannot reach nicfleet aggregator at {self.server}: {_reason(exc)}. "
+                "Set --server or NICFLEET_SERVER."
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"error talking to nicfleet aggregator at {self.server}: {_reason(exc)}"
+            ) from exc
+        body = _json_object(response)
+        if response.is_success and body is not None:
+            return body
+        raise _api_error(self.server, response, body)
+
+
+def parse_summaries(body: dict[str, Any]) -> tuple[NodeSummary, ...]:
+    """The `items` of a /api/v1/nodes answer as typed summaries."""
+    try:
+        return msgspec.convert(body.get("items"), tuple[NodeSummary, ...])
+    except msgspec.ValidationError as exc:
+        raise ApiError(f"unexpected node list from the aggregator: {exc}") from exc
+
+
+def parse_detail(body: dict[str, Any]) -> NodeDetail:
+    """A /api/v1/nodes/{node} answer as a typed NodeDetail."""
+    try:
+        return msgspec.convert(body, NodeDetail)
+    except msgspec.ValidationError as exc:
+        raise ApiError(f"unexpected node detail from the aggregator: {exc}") from exc
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | None) -> CtlError:
+    error = body.get("error") if body is not None else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        kind = response.headers.get("content-type", "no content type")
+        return ApiError(
+            f"unexpected answer from {server}{response.request.url.path}: "
+            f"HTTP {response.status_code} ({kind}); is this a nicfleet aggregator?"
+        )
+    message: str = error["message"]
+    if response.status_code == 404 and error.get("field") == "node":
+        name = response.request.url.path.rsplit("/", 1)[-1]
+        message = f"unknown node {name!r}"
+        suggestions = [s for s in error.get("suggestions") or () if isinstance(s, str)]
+        if suggestions:
+            message += f"; did you mean: {', '.join(suggestions)}?"
+        return ApiError(message)
+    if response.status_code == 400:
+        return BadInput(message)
+    return ApiError(f"aggregator answered HTTP {response.status_code}: {message}")

@@ -1,0 +1,249 @@
+"""`nicfleetctl demo`: a whole fleet on this machine — embedded NATS, the aggregator and
+four lab agents as separate processes — then a port-down fault and how fast it arrived.
+
+Talks to the agent and aggregator only as a user would: their command lines and the
+HTTP API. Every process it starts is stopped (and waited for) before it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import httpx
+from rich.console import Console
+
+from aggregator.ctl.render import console_for, render_node, render_nodes
+
+# (node name, built-in lab spec); both InfiniBand nodes reproduce the captured H100 matrix.
+DEMO_NODES: tuple[tuple[str, str], ...] = (
+    ("gpu-ib-01", "h100-ib-12nic"),
+    ("gpu-ib-02", "h100-ib-12nic"),
+    ("gpu-roce-01", "roce-cx6dx"),
+    ("gpu-roce-02", "roce-cx6dx"),
+)
+FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-02", "mlx5_3", 1
+
+T = TypeVar("T")
+
+
+class DemoError(click.ClickException):
+    exit_code = 1
+
+
+@dataclass
+class Fleet:
+    """The processes of one demo run and where they write."""
+
+    workdir: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    api_url: str = ""
+    nats_url: str = ""
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop them
+        )
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        # Agents first, the aggregator (and its embedded nats-server) last.
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=timeout)
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise DemoError(f"{name} exited with code {proc.returncode}:\n{tail}")
+
+
+def _run_json(args: list[str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, check=False, timeout=60
+    )
+    if done.returncode != 0:
+        raise DemoError(f"{' '.join(args[:4])} failed: {done.stderr.strip() or done.stdout}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _wait(what: str, probe: Callable[[], T | None], fleet: Fleet, timeout: float) -> T:
+    """Poll `probe` until it returns a value, bounded by `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fleet.check_alive()
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(0.02)
+    raise DemoError(f"timed out after {timeout:.0f}s waiting for {what} (logs: {fleet.workdir})")
+
+
+@contextmanager
+def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Fleet]:
+    fleet = Fleet(workdir=workdir)
+    try:
+        for node, spec in DEMO_NODES:
+            status(f"rendering lab node {node} ({spec})")
+            _run_json(["-m", "agent", "lab", "render", "--builtin", spec, "--node-name", node,
+                       "--out", str(workdir / node), "-o", "json"])  # fmt: skip
+        status("starting aggregator with embedded NATS")
+        ready = workdir / "aggregator.ready"
+        fleet.spawn("aggregator", ["-m", "aggregator", "run", "--listen", "127.0.0.1:0",
+                                   "--ready-file", str(ready), "--stale-after", "10",
+                                   "--nats-store-dir", str(workdir / "nats")])  # fmt: skip
+
+        def read_ready() -> dict[str, Any] | None:
+            return json.loads(ready.read_text()) if ready.exists() else None
+
+        doc = _wait("the aggregator to become ready", read_ready, fleet, 30)
+        fleet.api_url, fleet.nats_url = doc["api_url"], doc["nats_url"]
+        for node, _ in DEMO_NODES:
+            status(f"starting agent {node}")
+            fleet.spawn(f"agent-{node}", ["-m", "agent", "run", "--nats-url", fleet.nats_url,
+                                          "--sysfs-root", str(workdir / node),
+                                          "--node-name", node])  # fmt: skip
+        yield fleet
+    finally:
+        status("stopping all processes")
+        fleet.stop_all()
+
+
+def _get(client: httpx.Client, path: str) -> Any:
+    try:
+        response = client.get(path)
+    except httpx.TransportError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> dict[str, Any]:
+    names = [n for n, _ in DEMO_NODES]
+
+    def status(text: str) -> None:
+        if not quiet:
+            console.print(f"[bold cyan]»[/] {text}")
+
+    with ExitStack() as stack:
+        fleet = stack.enter_context(running_fleet(workdir, status))
+        client = stack.enter_context(httpx.Client(base_url=fleet.api_url, timeout=5.0))
+
+        def all_ready() -> list[dict[str, Any]] | None:
+            doc = _get(client, "/api/v1/nodes")
+            items = doc["items"] if doc else []
+            ok = sorted(i["name"] for i in items if i["state"] == "ready") == sorted(names)
+            return items if ok else None
+
+        status(f"waiting for {len(names)} nodes to appear in the API")
+        nodes = _wait("all nodes in the API", all_ready, fleet, 60)
+        if not quiet:
+            render_nodes(console, nodes, wide=False)
+
+        status(f"injecting fault: port {FAULT_DEVICE}/{FAULT_PORT} DOWN on {FAULT_NODE}")
+        fault = _run_json(["-m", "agent", "lab", "fault", "port-down", "--root",
+                           str(workdir / FAULT_NODE), "--device", FAULT_DEVICE,
+                           "--port", str(FAULT_PORT)])  # fmt: skip
+
+        def fault_seen() -> dict[str, Any] | None:
+            detail: dict[str, Any] | None = _get(client, f"/api/v1/nodes/{FAULT_NODE}")
+            for event in (detail or {}).get("events", []):
+                if (event["adapter"], event["port"], event["new_state"]) == (
+                    FAULT_DEVICE, FAULT_PORT, "DOWN"
+                ):  # fmt: skip
+                    return detail
+            return None
+
+        detail = _wait("the aggregator to see the fault", fault_seen, fleet, 30)
+        events = list(detail["events"])
+        seen = next(e for e in events if e["new_state"] == "DOWN")
+        fault_ms = round((seen["received_at"] - fault["injected_at"]) * 1000, 1)
+        nodes = _get(client, "/api/v1/nodes")["items"]
+        if not quiet:
+            render_node(console, detail)
+            console.print(
+                f"[bold]fault → aggregator: {fault_ms} ms[/] (agent saw it "
+                f"{round((seen['observed_at'] - fault['injected_at']) * 1000, 1)} ms after "
+                f"injection; NATS delivery {seen['latency_ms']:.1f} ms)"
+            )
+        if serve:
+            console.print(
+                f"\nFleet running. API: {fleet.api_url}   NATS: {fleet.nats_url}\n"
+                f"Try: nicfleetctl --server {fleet.api_url} nodes\n"
+                f"     nicfleetctl --server {fleet.api_url} node {FAULT_NODE}\n"
+                f"Logs and sysfs trees: {workdir}\nPress Ctrl-C to stop."
+            )
+            _wait_for_interrupt(fleet)
+    return {
+        "nodes": nodes,
+        "events": events,
+        "fault": fault,
+        "fault_to_aggregator_ms": fault_ms,
+    }
+
+
+def _wait_for_interrupt(fleet: Fleet) -> None:
+    try:
+        while True:
+            fleet.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json: print only a JSON summary at the end.",
+)
+@click.option("--serve", is_flag=True, help="Keep the fleet running until Ctrl-C.")
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where lab trees and logs go. Default: a temporary directory, removed.",
+)
+def demo(output: str, serve: bool, workdir: Path | None) -> None:
+    """Run a 4-node lab fleet locally, inject a port-down fault, report how fast it arrived."""
+    console = console_for(sys.stdout)
+    quiet = output == "json"
+    with ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="nicfleet-demo-"))
+            )
+        else:
+            workdir.mkdir(parents=True, exist_ok=True)
+        summary = run_demo(workdir, console, serve=serve, quiet=quiet)
+    if quiet:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        console.print("[green]demo finished; all processes stopped[/]")

@@ -1,0 +1,119 @@
+"""`nicfleetctl`: the operator CLI; it talks only to the aggregator's HTTP API.
+
+Owns argument parsing, output selection (table / wide / json) and exit codes; HTTP lives
+in `client`, drawing in `render`. Never reads NATS or KV directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Final, Literal
+
+import click
+from rich.console import Console
+
+from aggregator.ctl.client import (
+    DEFAULT_SERVER,
+    AggregatorClient,
+    BadInput,
+    parse_detail,
+    parse_summaries,
+)
+from aggregator.ctl.render import console_for, render_node, render_nodes
+from aggregator.fleet import NODE_STATES
+from proto.subjects import InvalidNodeName, validate_node_name
+
+Output = Literal["table", "json", "wide"]
+EPILOG: Final = """\b
+Exit codes:
+  0  success
+  1  the aggregator answered with an error (unknown node, server failure)
+  2  usage error or bad input (invalid option, node name or server URL)
+  3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
+
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json", "wide"]),
+    default="table",
+    show_default=True,
+    help="Table, wide table (more columns), or the API's JSON.",
+)
+
+
+def _check_server(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+        raise click.BadParameter(f"{value!r} is not an http:// or https:// URL", ctx, param)
+    return value
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--server",
+    envvar="NICFLEET_SERVER",
+    default=DEFAULT_SERVER,
+    show_default=True,
+    show_envvar=True,
+    callback=_check_server,
+    help="Base URL of the nicfleet aggregator API.",
+)
+@click.version_option(package_name="nicfleet", prog_name="nicfleetctl")
+@click.pass_context
+def cli(ctx: click.Context, server: str) -> None:
+    """Inspect the RDMA network path of a GPU fleet through the nicfleet aggregator."""
+    ctx.obj = server
+
+
+@cli.command(epilog=EPILOG)
+@click.option("--state", type=click.Choice(NODE_STATES), help="Only nodes in this state.")
+@output_option
+@click.pass_obj
+def nodes(server: str, state: str | None, output: Output) -> None:
+    """List every node the aggregator knows, sorted by name."""
+    with AggregatorClient(server) as client:
+        body = client.list_nodes(state=state)
+    if output == "json":
+        _print_json(body)
+        return
+    summaries = parse_summaries(body)
+    if not summaries:
+        click.echo("No nodes found.", err=True)
+        return
+    render_nodes(_console(), summaries, wide=output == "wide")
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("name")
+@output_option
+@click.pass_obj
+def node(server: str, name: str, output: Output) -> None:
+    """Show one node: its adapters and ports, live port states and recent link events."""
+    try:
+        validate_node_name(name)
+    except InvalidNodeName as exc:
+        raise BadInput(str(exc)) from exc
+    with AggregatorClient(server) as client:
+        body = client.get_node(name)
+    if output == "json":
+        _print_json(body)
+        return
+    render_node(_console(), parse_detail(body), wide=output == "wide")
+
+
+def _print_json(body: dict[str, Any]) -> None:
+    click.echo(json.dumps(body, indent=2, sort_keys=True))
+
+
+def _console() -> Console:
+    return console_for(sys.stdout, os.environ)
+
+
+def main() -> None:
+    cli(prog_name="nicfleetctl")
+
+
+from aggregator.ctl.demo import demo  # noqa: E402
+
+cli.add_command(demo)

@@ -1,0 +1,238 @@
+"""Tables for nicfleetctl (and the demo): API views in, rich tables out to a given Console.
+
+No HTTP here. `console_for` decides colour from the stream and NO_COLOR; renderers take
+typed views or the API's JSON dicts. Data cells are `Text`, never parsed as markup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import IO, Any, Final, TypeVar
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from aggregator.fleet import ACTIVE_STATES, EventView, NodeDetail, NodeSummary
+from proto.inventory import Adapter, Port
+
+T = TypeVar("T", bound=msgspec.Struct)
+RECENT_EVENTS: Final = 10
+NONE: Final = "-"
+_STATE_STYLE: Final = {"ready": "green", "stale": "yellow", "no-snapshot": "red"}
+# Wide enough that piped tables are never wrapped or truncated mid-cell.
+_PIPE_WIDTH: Final = 4096
+
+
+def console_for(stream: IO[str], environ: Mapping[str, str] | None = None) -> Console:
+    """Colour only on a terminal and only when NO_COLOR is unset; plain text otherwise."""
+    env = os.environ if environ is None else environ
+    tty = stream.isatty()
+    return Console(
+        file=stream,
+        force_terminal=tty,  # explicit, so FORCE_COLOR cannot put escapes into a pipe
+        no_color=not tty or bool(env.get("NO_COLOR")),
+        width=None if tty else _PIPE_WIDTH,
+        highlight=False,
+        emoji=False,
+    )
+
+
+def render_nodes(
+    console: Console,
+    nodes: Iterable[NodeSummary] | Iterable[Mapping[str, Any]],
+    *,
+    wide: bool = False,
+) -> None:
+    """The `nodes` table; raw API items are accepted and validated (msgspec)."""
+    columns = ["NAME", "STATE", "ADAPTERS", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE"]
+    columns += ["DOWN-PORTS", "AGENT", "READ-ERRORS", "LAST-SEEN", "AGE"] if wide else ["AGE"]
+    table = _table(columns)
+    for n in (_typed(item, NodeSummary) for item in nodes):
+        row: list[str | Text] = [
+            n.name,
+            _state(n.state),
+            str(n.adapters),
+            f"{n.ports_active}/{n.ports_total}",
+            str(n.gpus),
+            _join(n.link_layers),
+            _rate(n.max_rate_gbps),
+            _join(n.firmware),
+        ]
+        if wide:
+            row += [
+                _join(n.ports_down),
+                n.agent_version or NONE,
+                str(n.read_errors),
+                _timestamp(n.last_seen),
+            ]
+        table.add_row(*row, _age(n.age_s))
+    console.print(table)
+
+
+def render_node(
+    console: Console, detail: NodeDetail | Mapping[str, Any], *, wide: bool = False
+) -> None:
+    """Header, per-adapter/port table and recent events of one node."""
+    view = _typed(detail, NodeDetail)
+    s = view.summary
+    now = s.last_seen + s.age_s  # the server's clock at answer time
+    header = Table.grid(padding=(0, 2))
+    header.add_column(style="bold")
+    header.add_column()
+    header.add_row("Node:", Text(s.name))
+    header.add_row("State:", Text.assemble(_state(s.state), f" (last seen {_age(s.age_s)} ago)"))
+    snap = view.snapshot
+    if snap is not None:
+        header.add_row(
+            "Agent:",
+            Text(
+                f"{snap.agent_version}, snapshot seq {snap.seq} "
+                f"collected {_timestamp(snap.collected_at)}"
+            ),
+        )
+    header.add_row(
+        "Summary:",
+        Text(
+            f"{s.adapters} adapters, {s.ports_active}/{s.ports_total} ports up, "
+            f"{s.gpus} GPUs, firmware {_join(s.firmware)}"
+        ),
+    )
+    header.add_row("Down ports:", Text(_join(s.ports_down)))
+    if s.read_errors:
+        header.add_row("Read errors:", Text(str(s.read_errors)))
+    console.print(header)
+    if snap is not None:
+        console.print()
+        console.print(_ports_table(snap.adapters, wide=wide))
+        if wide and snap.gpus:
+            console.print()
+            gpus = _table(["GPU-PCI", "NUMA", "NAME"])
+            for gpu in snap.gpus:
+                gpus.add_row(gpu.pci.address, _opt(gpu.pci.numa_node), gpu.name or NONE)
+            console.print(gpus)
+    events = view.events if wide else view.events[-RECENT_EVENTS:]
+    console.print()
+    if not events:
+        console.print(Text("Events: none"))
+        return
+    console.print(Text(f"Events (last {len(events)} of {len(view.events)}, oldest first):"))
+    console.print(_events_table(events, now))
+
+
+def _ports_table(adapters: Iterable[Adapter], *, wide: bool) -> Table:
+    columns = ["ADAPTER", "PCI", "NUMA", "PORT", "STATE", "PHYS", "RATE", "LINK", "NETDEV", "FW"]
+    table = _table([*columns, "PCIE"] if wide else columns)
+    for adapter in adapters:
+        pci = adapter.pci
+        ident = [
+            adapter.name,
+            pci.address if pci else NONE,
+            _opt(pci.numa_node if pci else None),
+        ]
+        tail = [adapter.fw_ver or NONE]
+        if wide:
+            tail.append(_pcie(adapter))
+        if not adapter.ports:
+            table.add_row(*ident, NONE, NONE, NONE, NONE, NONE, NONE, *tail)
+        for port in adapter.ports:
+            table.add_row(
+                *ident,
+                str(port.number),
+                _port_state(port),
+                port.phys_state_name or NONE,
+                _rate(port.rate_gbps),
+                port.link_layer,
+                _join(_netdevs(adapter, port)),
+                *tail,
+            )
+    return table
+
+
+def _events_table(events: Iterable[EventView], now: float) -> Table:
+    table = _table(["AGE", "KIND", "ADAPTER", "PORT", "CHANGE", "PHYS", "LATENCY"])
+    for e in events:
+        change = f"{e.old_state or '?'} -> {e.new_state}" if e.new_state else NONE
+        table.add_row(
+            _age(now - e.observed_at),
+            e.kind,
+            e.adapter,
+            _opt(e.port),
+            change,
+            e.phys_state or NONE,
+            f"{e.latency_ms:.0f}ms",
+        )
+    return table
+
+
+def _table(columns: Iterable[str]) -> _PlainTable:
+    table = _PlainTable(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    return table
+
+
+class _PlainTable(Table):
+    """A Table whose string cells are literal text: agent-supplied strings stay unparsed."""
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def _typed(value: T | Mapping[str, Any], type_: type[T]) -> T:
+    return value if isinstance(value, type_) else msgspec.convert(value, type_)
+
+
+def _netdevs(adapter: Adapter, port: Port) -> tuple[str, ...]:
+    if port.netdevs:
+        return port.netdevs
+    return tuple(nd.name for nd in adapter.netdevs if nd.port == port.number)
+
+
+def _pcie(adapter: Adapter) -> str:
+    link = adapter.pci.link if adapter.pci else None
+    if link is None or link.current_speed_gts is None:
+        return NONE
+    text = f"{link.current_speed_gts:g}GT/s x{_opt(link.current_width)}"
+    if link.max_speed_gts is not None:
+        text += f" (max {link.max_speed_gts:g}GT/s x{_opt(link.max_width)})"
+    return text
+
+
+def _state(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def _port_state(port: Port) -> Text:
+    return Text(port.state_name, style="" if port.state_name in ACTIVE_STATES else "red")
+
+
+def _rate(gbps: float | None) -> str:
+    return NONE if gbps is None else f"{gbps:g}G"
+
+
+def _join(values: Iterable[str]) -> str:
+    return ",".join(values) or NONE
+
+
+def _opt(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def _timestamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(seconds: float) -> str:
+    """kubectl-style age: 45s, 12m, 5h, 3d."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 2 * 3600:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"

@@ -1,0 +1,318 @@
+"""The aggregator's fleet view: one immutable `NodeRecord` per node, replaced per message.
+
+Pure: no I/O, no clock reads, no logging — callers pass `received_at`/`now`. Owns the
+ordering rule for snapshots and counter batches, keeps live port state in step with
+`port-state` events, and derives the summaries and detail views the API serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final, Literal
+
+import msgspec
+from msgspec.structs import replace
+
+from proto.inventory import NodeSnapshot, Port, PortStateName
+from proto.messages import CounterBatch, LinkEvent
+
+NodeState = Literal["ready", "stale", "no-snapshot"]
+NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
+MAX_EVENTS: Final = 50
+ACTIVE_STATES: Final[frozenset[str]] = frozenset({"ACTIVE", "ACTIVE_DEFER"})
+
+# IBTA port state / physical state codes, as the kernel prints them in sysfs ("4: ACTIVE").
+_STATE_CODES: Final[dict[str, int]] = {
+    "NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5,
+}  # fmt: skip
+_PHYS_CODES: Final[dict[str, int]] = {
+    "Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4,
+    "LinkUp": 5, "LinkErrorRecovery": 6, "Phy Test": 7,
+}  # fmt: skip
+
+
+class ReceivedEvent(msgspec.Struct, frozen=True, kw_only=True):
+    event: LinkEvent
+    received_at: float
+
+
+class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the aggregator holds for one node; replaced, never mutated."""
+
+    name: str
+    snapshot: NodeSnapshot | None = None
+    counters: CounterBatch | None = None
+    events: tuple[ReceivedEvent, ...] = ()  # oldest first, at most MAX_EVENTS
+    first_seen: float
+    last_seen: float
+    snapshot_received_at: float | None = None
+    counters_received_at: float | None = None
+
+
+class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    state: NodeState
+    adapters: int
+    ports_total: int
+    ports_active: int
+    ports_down: tuple[str, ...]  # "mlx5_3/1" for every port not ACTIVE/ACTIVE_DEFER
+    link_layers: tuple[str, ...]
+    max_rate_gbps: float | None
+    gpus: int
+    firmware: tuple[str, ...]
+    agent_version: str | None
+    read_errors: int
+    last_seen: float
+    age_s: float
+
+
+class EventView(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    kind: str
+    adapter: str
+    port: int | None
+    old_state: str | None
+    new_state: str | None
+    phys_state: str | None
+    observed_at: float
+    received_at: float
+    latency_ms: float  # received_at - observed_at; negative means clock skew
+
+
+class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
+    summary: NodeSummary
+    first_seen: float
+    snapshot: NodeSnapshot | None
+    snapshot_received_at: float | None
+    counters: CounterBatch | None
+    counters_received_at: float | None
+    events: tuple[EventView, ...]  # oldest first
+
+
+def is_newer(seq: int, collected_at: float, stored_seq: int, stored_collected_at: float) -> bool:
+    """Whether a snapshot/counter batch should replace the stored one.
+
+    `seq` orders messages of one agent process, but a restarted agent starts again at 1,
+    so a message is accepted when its seq is higher *or* it was collected later. Exact
+    redeliveries (same seq, same time) and late older messages are ignored. A message
+    delayed across an agent restart may slip through; the next publish corrects it.
+    """
+    return seq > stored_seq or collected_at > stored_collected_at
+
+
+class Fleet:
+    """Mapping node name -> NodeRecord. Each update replaces one record (O(1))."""
+
+    def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
+        self._records: dict[str, NodeRecord] = {}
+        self.ignored = 0  # out-of-order or duplicate messages dropped
+        for record in records:
+            self.load(record)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._records
+
+    def get(self, name: str) -> NodeRecord | None:
+        return self._records.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def records(self) -> list[NodeRecord]:
+        """All records sorted by node name (a copy; safe to hold across updates)."""
+        return [self._records[name] for name in sorted(self._records)]
+
+    def load(self, record: NodeRecord) -> None:
+        """Install a record as-is (rebuilding from KV on start); replaces any existing one."""
+        self._records[record.name] = record
+
+    def apply_snapshot(self, snap: NodeSnapshot, received_at: float) -> NodeRecord:
+        """Store `snap` unless is_newer rejects it; `result.snapshot is snap` iff accepted.
+
+        Port states come from the snapshot as collected; a port-state event observed
+        after collection but received before the snapshot is not replayed (the agent
+        publishes a new snapshot on every inventory change, so that window closes).
+        """
+        old = self._records.get(snap.node)
+        if old is None:
+            record = _new_record(snap.node, received_at)
+        elif old.snapshot is not None and not is_newer(
+            snap.seq, snap.collected_at, old.snapshot.seq, old.snapshot.collected_at
+        ):
+            self.ignored += 1
+            return old
+        else:
+            record = old
+        return self._store(
+            replace(
+                record,
+                snapshot=snap,
+                snapshot_received_at=received_at,
+                last_seen=max(record.last_seen, received_at),
+            )
+        )
+
+    def apply_counters(self, batch: CounterBatch, received_at: float) -> NodeRecord:
+        """Store `batch` unless is_newer rejects it; `result.counters is batch` iff accepted."""
+        old = self._records.get(batch.node)
+        if old is None:
+            record = _new_record(batch.node, received_at)
+        elif old.counters is not None and not is_newer(
+            batch.seq, batch.collected_at, old.counters.seq, old.counters.collected_at
+        ):
+            self.ignored += 1
+            return old
+        else:
+            record = old
+        return self._store(
+            replace(
+                record,
+                counters=batch,
+                counters_received_at=received_at,
+                last_seen=max(record.last_seen, received_at),
+            )
+        )
+
+    def apply_event(self, event: LinkEvent, received_at: float) -> NodeRecord:
+        """Append to the bounded history; a port-state event also updates the live port.
+
+        The stored snapshot's port changes only when the event was observed after the
+        snapshot was collected and no newer event for that port has been seen already.
+        An exact redelivery of an event still in the history is ignored.
+        """
+        record = self._records.get(event.node) or _new_record(event.node, received_at)
+        if any(seen.event == event for seen in record.events):
+            self.ignored += 1
+            return record
+        snapshot = record.snapshot
+        if snapshot is not None and _supersedes(event, snapshot, record.events):
+            snapshot = _patch_port(snapshot, event)
+        events = (
+            *record.events[-(MAX_EVENTS - 1) :],
+            ReceivedEvent(event=event, received_at=received_at),
+        )
+        return self._store(
+            replace(
+                record,
+                snapshot=snapshot,
+                events=events,
+                last_seen=max(record.last_seen, received_at),
+            )
+        )
+
+    def _store(self, record: NodeRecord) -> NodeRecord:
+        self._records[record.name] = record
+        return record
+
+
+def _new_record(name: str, received_at: float) -> NodeRecord:
+    return NodeRecord(name=name, first_seen=received_at, last_seen=received_at)
+
+
+def _supersedes(
+    event: LinkEvent, snapshot: NodeSnapshot, history: tuple[ReceivedEvent, ...]
+) -> bool:
+    """A port-state event changes the live port unless something newer already did."""
+    if event.kind != "port-state" or event.port is None or event.new_state is None:
+        return False
+    if event.observed_at < snapshot.collected_at:
+        return False
+    return not any(
+        seen.event.kind == "port-state"
+        and seen.event.adapter == event.adapter
+        and seen.event.port == event.port
+        and seen.event.observed_at > event.observed_at
+        for seen in history
+    )
+
+
+def _patch_port(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
+    state: PortStateName = event.new_state or "UNKNOWN"
+    adapters = []
+    changed = False
+    for adapter in snap.adapters:
+        if adapter.name == event.adapter:
+            ports = []
+            for port in adapter.ports:
+                if port.number == event.port:
+                    port = _port_with_state(port, state, event.phys_state)
+                    changed = True
+                ports.append(port)
+            adapter = replace(adapter, ports=tuple(ports))
+        adapters.append(adapter)
+    return replace(snap, adapters=tuple(adapters)) if changed else snap
+
+
+def _port_with_state(port: Port, state: PortStateName, phys: str | None) -> Port:
+    if phys is None:
+        return replace(port, state=_STATE_CODES.get(state), state_name=state)
+    return replace(
+        port,
+        state=_STATE_CODES.get(state),
+        state_name=state,
+        phys_state=_PHYS_CODES.get(phys),
+        phys_state_name=phys,
+    )
+
+
+def node_state(record: NodeRecord, now: float, stale_after: float) -> NodeState:
+    """`no-snapshot` until an inventory arrives; `stale` when silent beyond stale_after."""
+    if record.snapshot is None:
+        return "no-snapshot"
+    if now - record.last_seen > stale_after:
+        return "stale"
+    return "ready"
+
+
+def summarize(record: NodeRecord, now: float, stale_after: float) -> NodeSummary:
+    snap = record.snapshot
+    adapters = snap.adapters if snap is not None else ()
+    ports = [(a.name, p) for a in adapters for p in a.ports]
+    rates = [p.rate_gbps for _, p in ports if p.rate_gbps is not None]
+    return NodeSummary(
+        name=record.name,
+        state=node_state(record, now, stale_after),
+        adapters=len(adapters),
+        ports_total=len(ports),
+        ports_active=sum(p.state_name in ACTIVE_STATES for _, p in ports),
+        ports_down=tuple(f"{a}/{p.number}" for a, p in ports if p.state_name not in ACTIVE_STATES),
+        link_layers=tuple(sorted({p.link_layer for _, p in ports})),
+        max_rate_gbps=max(rates, default=None),
+        gpus=len(snap.gpus) if snap is not None else 0,
+        firmware=tuple(sorted({a.fw_ver for a in adapters if a.fw_ver})),
+        agent_version=snap.agent_version if snap is not None else None,
+        read_errors=len(snap.read_errors) if snap is not None else 0,
+        last_seen=record.last_seen,
+        age_s=max(0.0, now - record.last_seen),
+    )
+
+
+def describe(record: NodeRecord, now: float, stale_after: float) -> NodeDetail:
+    return NodeDetail(
+        summary=summarize(record, now, stale_after),
+        first_seen=record.first_seen,
+        snapshot=record.snapshot,
+        snapshot_received_at=record.snapshot_received_at,
+        counters=record.counters,
+        counters_received_at=record.counters_received_at,
+        events=tuple(_event_view(r) for r in record.events),
+    )
+
+
+def _event_view(received: ReceivedEvent) -> EventView:
+    e = received.event
+    return EventView(
+        seq=e.seq,
+        kind=e.kind,
+        adapter=e.adapter,
+        port=e.port,
+        old_state=e.old_state,
+        new_state=e.new_state,
+        phys_state=e.phys_state,
+        observed_at=e.observed_at,
+        received_at=received.received_at,
+        latency_ms=(received.received_at - e.observed_at) * 1000.0,
+    )

@@ -1,0 +1,201 @@
+"""The aggregator process: owns NATS (embedded or remote), the fleet, storage and the API.
+
+Start order: embedded nats-server (when no URL is given) → NATS connection → KV bucket
+→ fleet rebuilt from KV → subscriptions → HTTP API → ready file. Stop reverses it.
+All long-running work lives in one TaskGroup; `stop` ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+from aiohttp import web
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+
+from aggregator.api import ApiSettings, build_app
+from aggregator.errors import StoreError
+from aggregator.fleet import Fleet
+from aggregator.ingest import Ingest
+from aggregator.metrics import Metrics
+from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.store import SnapshotWriter, load_nodes, open_bucket
+from proto import subjects
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregatorSettings:
+    nats_url: str | None = None  # None: start an embedded nats-server
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    stale_after: float = 30.0
+    nats_store_dir: Path | None = None  # embedded server's JetStream store
+    ready_file: Path | None = None
+    policy_file: Path | None = None
+
+
+class AggregatorService:
+    def __init__(
+        self, settings: AggregatorSettings, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics.create()
+        self.fleet = Fleet()
+        self.nats_url: str | None = settings.nats_url
+        self.api_url: str | None = None
+        self._nc: NatsClient | None = None
+        self._writer: SnapshotWriter | None = None
+        self._loaded = False
+        self.ready = asyncio.Event()
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._nc is None or not self._nc.is_connected:
+            return False, "not connected to NATS"
+        if not self._loaded:
+            return False, "fleet not yet rebuilt from KV"
+        if self._writer is not None and not self._writer.healthy:
+            return False, self._writer.last_error or "KV writes failing"
+        return True, "ok"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        embedded: NatsServer | None = None
+        runner: web.AppRunner | None = None
+        try:
+            if self.nats_url is None:
+                embedded = NatsServer(NatsServerSettings(store_dir=self.settings.nats_store_dir))
+                await asyncio.to_thread(embedded.start)
+                self.nats_url = embedded.url
+                log.info("embedded nats-server listening on %s", self.nats_url)
+            nc = await self._connect(stop)
+            if nc is None:
+                return
+            kv = await open_bucket(nc.jetstream())
+            self._writer = SnapshotWriter(kv, self.metrics)
+            ingest = Ingest(
+                fleet=self.fleet,
+                metrics=self.metrics,
+                clock=self.clock,
+                on_snapshot=self._writer.submit,
+            )
+            count = 0
+            async for stored in load_nodes(kv):
+                self.fleet.apply_snapshot(stored.snapshot, stored.received_at)
+                count += 1
+            self._loaded = True
+            log.info("rebuilt %d nodes from KV %s", count, subjects.KV_NODES)
+
+            async def on_message(msg: Msg) -> None:
+                ingest.handle(msg.subject, msg.data)
+
+            await nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
+            runner = await self._start_api()
+            self._write_ready_file()
+            self.ready.set()
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._writer.run(stop))
+                tasks.create_task(self._track_nodes(stop))
+        finally:
+            self.ready.clear()
+            if runner is not None:
+                await runner.cleanup()
+            if self._nc is not None and not self._nc.is_closed:
+                try:
+                    await self._nc.drain()
+                except (TimeoutError, NatsError, OSError):
+                    await self._nc.close()
+            if embedded is not None:
+                await asyncio.to_thread(embedded.close)
+            if self.settings.ready_file is not None:
+                self.settings.ready_file.unlink(missing_ok=True)
+
+    async def _connect(self, stop: asyncio.Event) -> NatsClient | None:
+        assert self.nats_url is not None
+        connected = self.metrics.nats_connected
+
+        async def up() -> None:
+            connected.set(1)
+            log.info("reconnected to NATS")
+
+        async def down() -> None:
+            connected.set(0)
+            log.warning("disconnected from NATS")
+
+        async def error(exc: Exception) -> None:
+            log.warning("NATS error: %s", exc)
+
+        while not stop.is_set():
+            try:
+                self._nc = await nats.connect(
+                    self.nats_url,
+                    name="nicfleet-aggregator",
+                    reconnect_time_wait=0.25,
+                    max_reconnect_attempts=-1,
+                    reconnected_cb=up,
+                    disconnected_cb=down,
+                    error_cb=error,
+                )
+                connected.set(1)
+                return self._nc
+            except (TimeoutError, OSError, NatsError) as exc:
+                log.warning("cannot connect to NATS at %s: %s; retrying", self.nats_url, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+        return None
+
+    async def _start_api(self) -> web.AppRunner:
+        app = build_app(
+            fleet=self.fleet,
+            settings=ApiSettings(stale_after=self.settings.stale_after),
+            readiness=self.readiness,
+            clock=self.clock,
+            metrics=self.metrics.registry,
+        )
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)
+        await site.start()
+        host, port = _bound_address(site)
+        self.api_url = f"http://{_url_host(host)}:{port}"
+        log.info("API listening on %s", self.api_url)
+        return runner
+
+    async def _track_nodes(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.metrics.nodes.set(len(self.fleet))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    def _write_ready_file(self) -> None:
+        path = self.settings.ready_file
+        if path is None:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        doc = {"api_url": self.api_url, "nats_url": self.nats_url, "pid": os.getpid()}
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+
+
+def _bound_address(site: web.TCPSite) -> tuple[str, int]:
+    server = site._server  # aiohttp exposes the asyncio.Server only here
+    sockets = getattr(server, "sockets", None) or ()
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        return str(host), int(port)
+    raise StoreError("API server has no listening socket")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

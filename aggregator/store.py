@@ -1,0 +1,124 @@
+"""Persist the latest snapshot of every node in the `nicfleet-nodes` KV bucket.
+
+Writes are coalesced per node (only the newest pending snapshot of a node is written)
+and done by one writer task, so ingest never waits on storage. A failed write is
+counted, keeps the node pending and is retried; nothing already stored is overwritten
+by a message the fleet rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import Error as JetStreamError
+from nats.js.kv import KeyValue
+
+from aggregator.errors import StoreError
+from aggregator.metrics import Metrics
+from proto import subjects
+from proto.codec import CodecError, decode, encode
+from proto.inventory import Base, NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class StoredNode(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.stored-node"):
+    """What the aggregator keeps per node in KV: the snapshot and when it arrived."""
+
+    version: int = 1
+    snapshot: NodeSnapshot
+    received_at: float
+
+
+async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> KeyValue:
+    """Bind to the bucket, creating it on first use."""
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(bucket=name, history=1, description="nicfleet")
+    except JetStreamError as exc:
+        raise StoreError(f"cannot create KV bucket {name}: {exc}") from exc
+
+
+async def load_nodes(kv: KeyValue) -> AsyncIterator[StoredNode]:
+    """Every decodable node in the bucket; undecodable entries are logged and skipped."""
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return  # an empty bucket
+    except JetStreamError as exc:
+        raise StoreError(f"cannot list keys of KV bucket: {exc}") from exc
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        if entry.value is None:
+            continue
+        try:
+            yield decode(entry.value, StoredNode)
+        except CodecError as exc:
+            log.warning("skipping undecodable KV entry %s: %s", key, exc)
+
+
+class SnapshotWriter:
+    """Coalescing writer: `submit` is synchronous and cheap; `run` does the I/O."""
+
+    def __init__(self, kv: KeyValue, metrics: Metrics, *, retry_wait: float = 1.0) -> None:
+        self._kv = kv
+        self._metrics = metrics
+        self._pending: dict[str, StoredNode] = {}
+        self._wake = asyncio.Event()
+        self._retry_wait = retry_wait
+        self.healthy = True
+        self.last_error: str | None = None
+
+    def submit(self, snapshot: NodeSnapshot, received_at: float) -> None:
+        self._pending[snapshot.node] = StoredNode(snapshot=snapshot, received_at=received_at)
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            stop_wait = asyncio.ensure_future(stop.wait())
+            wake_wait = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({stop_wait, wake_wait}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
+                wake_wait.cancel()
+            self._wake.clear()
+            await self.flush()
+            if self._pending and not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=self._retry_wait)
+                except TimeoutError:
+                    self._wake.set()
+        await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        for node, stored in batch.items():
+            try:
+                await self._kv.put(subjects.node_token(node), encode(stored))
+            except (TimeoutError, JetStreamError, OSError) as exc:
+                self._metrics.kv_write_errors.labels(subjects.KV_NODES).inc()
+                self.healthy = False
+                self.last_error = f"KV write for node {node} failed: {exc}"
+                log.warning("%s", self.last_error)
+                # Keep it pending unless a newer snapshot arrived meanwhile.
+                self._pending.setdefault(node, stored)
+                continue
+            self._metrics.kv_writes.labels(subjects.KV_NODES).inc()
+        if not self._pending:
+            self.healthy = True
+            self.last_error = None

@@ -1,0 +1,50 @@
+"""Shared fixtures: a real nats-server on loopback, condition waits, repo paths."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from aggregator.natsserver import NatsServer, NatsServerSettings
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One real nats-server (JetStream on) for the whole test session."""
+    store = tmp_path_factory.mktemp("nats-store")
+    with NatsServer(NatsServerSettings(store_dir=store)) as server:
+        yield server
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server for one test, for tests that stop or restart it."""
+    with NatsServer(NatsServerSettings(store_dir=tmp_path / "nats-store")) as server:
+        yield server
+
+
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "condition",
+) -> None:
+    """Poll `predicate` until true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)

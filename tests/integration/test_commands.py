@@ -1,0 +1,89 @@
+"""The console scripts as a user runs them: exit codes, messages, no tracebacks, no
+leftover processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proto.codec import from_json
+from proto.inventory import NodeSnapshot
+from tests.conftest import FIXTURES
+
+pytestmark = pytest.mark.integration
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_agent_snapshot_of_missing_root_is_one_clear_error(tmp_path: Path) -> None:
+    done = run("-m", "agent", "snapshot", "--sysfs-root", str(tmp_path / "nope"))
+    assert done.returncode == 2
+    assert "--sysfs-root" in done.stderr
+    assert str(tmp_path / "nope") in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_agent_snapshot_rejects_bad_node_name(tmp_path: Path) -> None:
+    done = run("-m", "agent", "snapshot", "--sysfs-root", str(tmp_path), "--node-name", "Bad_Name")
+    assert done.returncode == 2
+    assert "--node-name" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_agent_snapshot_of_captured_tree_prints_a_decodable_snapshot() -> None:
+    root = FIXTURES / "captured" / "procfs-sys"
+    done = run("-m", "agent", "snapshot", "--sysfs-root", str(root), "--node-name", "captured")
+    assert done.returncode == 0, done.stderr
+    snap = from_json(done.stdout, NodeSnapshot)
+    assert [a.name for a in snap.adapters] == ["hfi1_0", "mlx4_0", "mlx5_0"]
+
+
+def test_aggregator_rejects_bad_listen_address() -> None:
+    done = run("-m", "aggregator", "run", "--listen", "localhost")
+    assert done.returncode == 2
+    assert "HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    done = run("-m", "aggregator.ctl", "demo", "-o", "json", "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert sorted(n["name"] for n in summary["nodes"]) == [
+        "gpu-ib-01",
+        "gpu-ib-02",
+        "gpu-roce-01",
+        "gpu-roce-02",
+    ]
+    assert all(n["state"] == "ready" for n in summary["nodes"])
+    downs = [e for e in summary["events"] if e["new_state"] == "DOWN"]
+    assert downs and downs[0]["adapter"] == "mlx5_3" and downs[0]["port"] == 1
+    assert isinstance(summary["fault_to_aggregator_ms"], int | float)
+    assert summary["fault_to_aggregator_ms"] >= 0
+    ib02 = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-02")
+    assert "mlx5_3/1" in ib02["ports_down"]
+    assert _processes_mentioning(str(workdir)) == []

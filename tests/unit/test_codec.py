@@ -1,0 +1,277 @@
+"""Wire contract: every message type round-trips, old payloads decode, bad bytes give
+one typed error naming the field."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proto.codec import MAX_PAYLOAD, WIRE_TYPES, CodecError, decode, encode, from_json, to_json
+from proto.inventory import (
+    Adapter,
+    Gpu,
+    Module,
+    Netdev,
+    NodeSnapshot,
+    PcieLink,
+    PciFunction,
+    Port,
+    ReadError,
+)
+from proto.messages import (
+    Alert,
+    CounterBatch,
+    DesiredConfig,
+    DevicePluginConfig,
+    DevicePluginStatus,
+    LinkEvent,
+    PortCounters,
+    ResourceConfig,
+    ResourceStatus,
+    Selectors,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def full_snapshot() -> NodeSnapshot:
+    pci = PciFunction(
+        address="0000:1a:00.0",
+        vendor="0x15b3",
+        device="0x1021",
+        class_code="0x020700",
+        driver="mlx5_core",
+        numa_node=0,
+        local_cpulist="0-15",
+        link=PcieLink(current_speed_gts=32.0, current_width=16, max_speed_gts=32.0, max_width=16),
+        path=("pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"),
+    )
+    port = Port(
+        number=1,
+        state=4,
+        state_name="ACTIVE",
+        phys_state=5,
+        phys_state_name="LinkUp",
+        rate_gbps=400.0,
+        rate_lanes=4,
+        rate_speed="NDR",
+        link_layer="InfiniBand",
+        lid=287,
+        sm_lid=1024,
+        netdevs=("ib0",),
+        counters={"port_rcv_data": 10, "symbol_error": 0},
+    )
+    return NodeSnapshot(
+        node="gpu-01.example.com",
+        agent_version="0.1.0",
+        seq=3,
+        collected_at=1764460800.25,
+        adapters=(
+            Adapter(
+                name="mlx5_0",
+                pci=pci,
+                node_guid="58a2:e103:001b:2576",
+                fw_ver="28.41.1000",
+                ports=(port,),
+                netdevs=(Netdev(name="ib0", port=1, mtu=4092, operstate="up", carrier=True),),
+                char_devices=("/dev/infiniband/uverbs0",),
+            ),
+        ),
+        gpus=(Gpu(pci=PciFunction(address="0000:18:00.0", vendor="0x10de")),),
+        modules=(Module(name="mlx5_core", version="24.10"),),
+        read_errors=(ReadError(path="/class/infiniband/mlx5_0/hw_rev", error="ENOENT"),),
+    )
+
+
+ALL_MESSAGES: list[Any] = [
+    pytest.param(full_snapshot(), id="snapshot"),
+    pytest.param(
+        CounterBatch(
+            node="gpu-01",
+            seq=9,
+            collected_at=1.5,
+            ports=(PortCounters(adapter="mlx5_0", port=1, values={"link_downed": 2}),),
+        ),
+        id="counter-batch",
+    ),
+    pytest.param(
+        LinkEvent(
+            node="gpu-01",
+            seq=1,
+            kind="port-state",
+            adapter="mlx5_0",
+            port=1,
+            old_state="ACTIVE",
+            new_state="DOWN",
+            phys_state="Disabled",
+            observed_at=2.0,
+        ),
+        id="link-event",
+    ),
+    pytest.param(
+        DevicePluginStatus(
+            node="gpu-01",
+            config_generation=4,
+            registered=True,
+            resources=(ResourceStatus(name="rdma/ib", advertised=8, healthy=7),),
+            observed_at=3.0,
+        ),
+        id="device-plugin-status",
+    ),
+    pytest.param(
+        DesiredConfig(
+            node="gpu-01",
+            generation=2,
+            device_plugin=DevicePluginConfig(
+                config_list=(
+                    ResourceConfig(
+                        resource_name="ib",
+                        rdma_hca_max=100,
+                        selectors=Selectors(vendors=("15b3",), device_ids=("1021",)),
+                    ),
+                )
+            ),
+        ),
+        id="desired-config",
+    ),
+    pytest.param(
+        Alert(
+            rule="port-down",
+            severity="critical",
+            state="firing",
+            node="gpu-01",
+            subject="mlx5_0/1",
+            message="Port mlx5_0/1 is DOWN.",
+            evidence={"state": "DOWN"},
+            starts_at=4.0,
+            fingerprint="abc",
+        ),
+        id="alert",
+    ),
+]
+
+
+def test_every_wire_type_is_covered() -> None:
+    covered = {type(p.values[0]) for p in ALL_MESSAGES}
+    assert covered == set(WIRE_TYPES)
+
+
+@pytest.mark.parametrize("message", ALL_MESSAGES)
+def test_round_trip_msgpack_and_json(message: msgspec.Struct) -> None:
+    assert decode(encode(message), type(message)) == message
+    assert from_json(to_json(message), type(message)) == message
+
+
+@pytest.mark.parametrize("message", ALL_MESSAGES)
+def test_every_top_level_message_has_schema_and_version(message: msgspec.Struct) -> None:
+    raw = msgspec.msgpack.decode(encode(message))
+    assert raw["schema"].startswith("nicfleet.")
+    assert raw["version"] == 1
+
+
+def test_older_minimal_snapshot_still_decodes() -> None:
+    snap = decode((DATA / "snapshot-v1-minimal.msgpack").read_bytes(), NodeSnapshot)
+    assert snap.node == "gpu-old-01"
+    assert snap.adapters[0].ports[0].state_name == "ACTIVE"
+    assert snap.adapters[0].ports[0].counters == {}
+    assert snap.read_errors == ()
+    assert snap.adapters[0].pci is None
+
+
+def test_unknown_fields_are_ignored() -> None:
+    batch = decode((DATA / "counters-v1-minimal.msgpack").read_bytes(), CounterBatch)
+    assert batch.ports[0].values == {"port_rcv_data": 123, "symbol_error": 0}
+    raw = msgspec.msgpack.decode(encode(full_snapshot()))
+    raw["adapters"][0]["ports"][0]["brand_new"] = [1, 2, 3]
+    raw["from_the_future"] = {"a": 1}
+    assert decode(msgspec.msgpack.encode(raw), NodeSnapshot) == full_snapshot()
+
+
+def _mutated(path: tuple[Any, ...], value: Any) -> bytes:
+    raw = msgspec.msgpack.decode(encode(full_snapshot()))
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return msgspec.msgpack.encode(raw)
+
+
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        pytest.param(_mutated(("seq",), "three"), "$.seq", id="wrong-type-top"),
+        pytest.param(
+            _mutated(("adapters", 0, "ports", 0, "lid"), "0x1f"),
+            "$.adapters[0].ports[0].lid",
+            id="wrong-type-nested",
+        ),
+        pytest.param(
+            _mutated(("adapters", 0, "ports", 0, "state_name"), "SLEEPY"),
+            "$.adapters[0].ports[0].state_name",
+            id="bad-literal",
+        ),
+        pytest.param(_mutated(("schema",), "nicfleet.alert"), "$.schema", id="other-schema"),
+        pytest.param(
+            msgspec.msgpack.encode({"schema": "nicfleet.node-snapshot"}), "$", id="missing"
+        ),
+        pytest.param(encode(full_snapshot())[:-5], "$", id="truncated"),
+        pytest.param(b"\xc1\xff\x00garbage", "$", id="garbage"),
+        pytest.param(b"", "$", id="empty"),
+        pytest.param(msgspec.msgpack.encode([1, 2, 3]), "$", id="array-not-map"),
+    ],
+)
+def test_bad_payloads_raise_codec_error_naming_the_field(payload: bytes, path: str) -> None:
+    with pytest.raises(CodecError) as info:
+        decode(payload, NodeSnapshot)
+    assert info.value.type_name == "NodeSnapshot"
+    assert info.value.path == path
+    assert path in str(info.value)
+
+
+def test_missing_field_is_named() -> None:
+    with pytest.raises(CodecError, match="node"):
+        decode(msgspec.msgpack.encode({"schema": "nicfleet.node-snapshot"}), NodeSnapshot)
+
+
+def test_oversize_payload_is_refused_before_decoding() -> None:
+    with pytest.raises(CodecError, match="exceeds"):
+        decode(b"\x00" * (MAX_PAYLOAD + 1), NodeSnapshot)
+
+
+def test_bad_json_is_a_codec_error() -> None:
+    with pytest.raises(CodecError, match=r"\$\.generation"):
+        from_json(
+            b'{"schema":"nicfleet.desired-config","node":"a","generation":"x"}', DesiredConfig
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048))
+def test_random_bytes_never_escape_as_anything_but_codec_error(data: bytes) -> None:
+    for type_ in WIRE_TYPES:
+        with contextlib.suppress(CodecError):
+            decode(data, type_)
+
+
+def test_device_plugin_config_uses_upstream_field_names() -> None:
+    doc = (
+        b'{"periodicUpdateInterval": 300, "configList": [{"resourceName": "hca_shared_a",'
+        b' "rdmaHcaMax": 1000, "selectors": {"vendors": ["15b3"], "deviceIDs": ["1017"],'
+        b' "ifNames": ["ens1f0"]}}]}'
+    )
+    config = from_json(doc, DevicePluginConfig)
+    assert config.periodic_update_interval == 300
+    resource = config.config_list[0]
+    assert (resource.resource_name, resource.resource_prefix, resource.rdma_hca_max) == (
+        "hca_shared_a",
+        "rdma",
+        1000,
+    )
+    assert resource.selectors.device_ids == ("1017",)
+    assert resource.selectors.if_names == ("ens1f0",)
