@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
 from aggregator.httperrors import BadParameter, error_response, json_response
+from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,10 @@ class _Api:
         readiness: Callable[[], tuple[bool, str]],
         clock: Callable[[], float],
         registry: CollectorRegistry,
+        policies: tuple[Policy, ...],
     ) -> None:
         self.fleet = fleet
+        self.policies = policies
         self.settings = settings
         self.readiness = readiness
         self.clock = clock
@@ -126,6 +129,9 @@ class _Api:
             )
         return json_response(describe(record, self.clock(), self.settings.stale_after))
 
+    async def get_policy(self, request: web.Request) -> web.Response:
+        return json_response({"items": self.policies, "count": len(self.policies)})
+
 
 def build_app(
     *,
@@ -134,15 +140,17 @@ def build_app(
     readiness: Callable[[], tuple[bool, str]],
     clock: Callable[[], float],
     metrics: CollectorRegistry | None = None,
+    policies: tuple[Policy, ...] = (),
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
-    api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry())
+    api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
     app = web.Application(middlewares=[api.middleware])
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/api/v1/nodes", api.list_nodes)
     app.router.add_get("/api/v1/nodes/{node}", api.get_node)
+    app.router.add_get("/api/v1/policy", api.get_policy)
     return app
 
 

@@ -17,6 +17,7 @@ import click
 from aggregator import __version__
 from aggregator.errors import AggregatorError
 from aggregator.service import AggregatorService, AggregatorSettings
+from proto.policy import Policy, PolicyError, load_policies
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -96,6 +97,13 @@ def run(
     level = [logging.INFO, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    policies: tuple[Policy, ...] = ()
+    if policy_file is not None:
+        try:
+            policies = load_policies(policy_file.read_text(), source=str(policy_file))
+        except (PolicyError, OSError, UnicodeDecodeError) as exc:
+            click.echo(f"error: --policy: {exc}", err=True)
+            raise SystemExit(2) from exc
     settings = AggregatorSettings(
         nats_url=nats_url,
         listen_host=listen[0],
@@ -103,7 +111,7 @@ def run(
         stale_after=stale_after,
         nats_store_dir=nats_store_dir,
         ready_file=ready_file,
-        policy_file=policy_file,
+        policies=policies,
     )
     try:
         asyncio.run(_serve(settings))

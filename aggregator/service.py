@@ -31,6 +31,7 @@ from aggregator.metrics import Metrics
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from proto import subjects
+from proto.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class AggregatorSettings:
     stale_after: float = 30.0
     nats_store_dir: Path | None = None  # embedded server's JetStream store
     ready_file: Path | None = None
-    policy_file: Path | None = None
+    policies: tuple[Policy, ...] = ()  # from --policy; the CRD replaces this in clusters
 
 
 class AggregatorService:
@@ -162,6 +163,7 @@ class AggregatorService:
             readiness=self.readiness,
             clock=self.clock,
             metrics=self.metrics.registry,
+            policies=self.settings.policies,
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

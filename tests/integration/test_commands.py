@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+
+from aggregator.natsserver import NatsServer
 
 from proto.codec import from_json
 from proto.inventory import NodeSnapshot
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +92,46 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     ib02 = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-02")
     assert "mlx5_3/1" in ib02["ports_down"]
     assert _processes_mentioning(str(workdir)) == []
+
+
+def test_aggregator_rejects_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: nicfleet.io/v1alpha1\nkind: NicFleetPolicy\nmetadata: {name: p}\n"
+        "spec: {expect: {minRateGbps: fast}}\n"
+    )
+    done = run("-m", "aggregator", "run", "--policy", str(policy))
+    assert done.returncode == 2
+    assert "$.spec.expect.minRateGbps" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_aggregator_process_serves_policy_and_stops_cleanly_on_sigterm(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "run", "--nats-url", nats_server.url,
+         "--listen", "127.0.0.1:0", "--ready-file", str(ready),
+         "--policy", str(REPO / "deploy" / "examples" / "policy.yaml")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "aggregator never became ready"
+            time.sleep(0.02)
+        api = json.loads(ready.read_text())["api_url"]
+        with httpx.Client(base_url=api) as client:
+            assert client.get("/readyz").status_code == 200
+            policies = client.get("/api/v1/policy").json()
+        assert policies["count"] == 1
+        assert policies["items"][0]["spec"]["expect"]["maxGpuNicRelation"] == "PXB"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        if proc.stderr:
+            proc.stderr.close()
+    assert code == 0
+    assert not ready.exists()  # removed on shutdown

@@ -26,6 +26,11 @@ def _link(root: Path, rel: str, target: str) -> None:
     path.symlink_to(target)
 
 
+def _loop(root: Path, a: str, b: str) -> None:
+    _link(root, a, b.rsplit("/", 1)[-1])
+    _link(root, b, a.rsplit("/", 1)[-1])
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A tiny sysfs: one RDMA device reached through class/ -> devices/ links."""
@@ -84,7 +89,7 @@ def test_list_dir_is_sorted(tree: Path) -> None:
             id="file-where-dir-expected",
         ),
         pytest.param(
-            lambda r: (_link(r, "class/a", "b"), _link(r, "class/b", "a")),
+            lambda r: _loop(r, "class/a", "class/b"),
             "class/a/x",
             "ELOOP",
             id="link-loop",

@@ -1,0 +1,140 @@
+"""The NicFleetPolicy document (`nicfleet.io/v1alpha1`) and its validation.
+
+The same shape is read from the Kubernetes CRD and, when there is no cluster, from a
+YAML file (one or more documents). Validation errors name the document and field path.
+Pure: parsing text is the caller's business (`load_policies` takes the text).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from proto.messages import DevicePluginConfig
+
+API_VERSION = "nicfleet.io/v1alpha1"
+KIND = "NicFleetPolicy"
+
+Relation = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+class PolicyError(ValueError):
+    """A policy document that is not valid; names the source, document and field."""
+
+    def __init__(self, source: str, path: str, reason: str) -> None:
+        self.source = source
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{source}: {path}: {reason}")
+
+
+class Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Policy documents are written by people: a misspelt field is an error, not ignored."""
+
+
+class LabelSelectorRequirement(Strict, frozen=True, kw_only=True):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+
+class LabelSelector(Strict, frozen=True, kw_only=True, rename="camel"):
+    match_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+
+
+class Expect(Strict, frozen=True, kw_only=True, rename="camel"):
+    """What the selected nodes should look like; unset means "not checked"."""
+
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = None
+    min_rate_gbps: float | None = None
+    mtu: int | None = None
+    min_firmware: dict[str, str] = msgspec.field(default_factory=dict)  # model -> version
+    max_gpu_nic_relation: Relation | None = None
+    gpu_direct: bool | None = None
+    adapters_per_node: int | None = None
+
+
+class PolicySpec(Strict, frozen=True, kw_only=True, rename="camel"):
+    node_selector: LabelSelector = LabelSelector()
+    rdma_shared_device_plugin: DevicePluginConfig | None = None
+    expect: Expect = Expect()
+    alerts: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Metadata(Strict, frozen=True, kw_only=True):
+    name: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Policy(Strict, frozen=True, kw_only=True, rename="camel"):
+    api_version: Literal["nicfleet.io/v1alpha1"]
+    kind: Literal["NicFleetPolicy"]
+    metadata: Metadata
+    spec: PolicySpec = PolicySpec()
+
+
+def load_policies(text: str, *, source: str) -> tuple[Policy, ...]:
+    """Every policy in a YAML stream; raises PolicyError naming document and field."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "$"
+        raise PolicyError(source, where, f"not valid YAML: {exc}") from exc
+    policies: list[Policy] = []
+    names: set[str] = set()
+    for index, document in enumerate(documents):
+        try:
+            policy = msgspec.convert(document, Policy)
+        except msgspec.ValidationError as exc:
+            text_ = str(exc)
+            reason, _, at = text_.partition(" - at `")
+            path = at.rstrip("`") if at else "$"
+            raise PolicyError(source, f"document {index}: {path}", reason) from exc
+        if policy.metadata.name in names:
+            raise PolicyError(
+                source, f"document {index}: $.metadata.name", f"duplicate {policy.metadata.name!r}"
+            )
+        names.add(policy.metadata.name)
+        _check_semantics(policy, source, index)
+        policies.append(policy)
+    return tuple(policies)
+
+
+def _check_semantics(policy: Policy, source: str, index: int) -> None:
+    where = f"document {index}: $.spec"
+    expect = policy.spec.expect
+    for field, value in (
+        ("minRateGbps", expect.min_rate_gbps),
+        ("mtu", expect.mtu),
+        ("adaptersPerNode", expect.adapters_per_node),
+    ):
+        if value is not None and value <= 0:
+            raise PolicyError(source, f"{where}.expect.{field}", f"must be > 0, got {value}")
+    for i, requirement in enumerate(policy.spec.node_selector.match_expressions):
+        needs_values = requirement.operator in ("In", "NotIn")
+        if needs_values != bool(requirement.values):
+            raise PolicyError(
+                source,
+                f"{where}.nodeSelector.matchExpressions[{i}].values",
+                f"operator {requirement.operator} "
+                + ("needs values" if needs_values else "takes no values"),
+            )
+    config = policy.spec.rdma_shared_device_plugin
+    if config is None:
+        return
+    seen: set[str] = set()
+    for i, resource in enumerate(config.config_list):
+        path = f"{where}.rdmaSharedDevicePlugin.configList[{i}]"
+        if not resource.resource_name:
+            raise PolicyError(source, f"{path}.resourceName", "must not be empty")
+        if resource.resource_name in seen:
+            raise PolicyError(
+                source, f"{path}.resourceName", f"duplicate {resource.resource_name!r}"
+            )
+        seen.add(resource.resource_name)
+        if resource.rdma_hca_max < 0:
+            raise PolicyError(source, f"{path}.rdmaHcaMax", "must be >= 0")
