@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from aggregator.natsserver import NatsServer
-
 from proto.codec import from_json
 from proto.inventory import NodeSnapshot
 from tests.conftest import FIXTURES, REPO

@@ -35,7 +35,7 @@ def test_several_documents_and_empty_ones() -> None:
             HEAD + "spec: {expect: {minRateGbps: fast}}",
             "$.spec.expect.minRateGbps",
             id="wrong-type",
-        ),  # fmt: skip
+        ),
         pytest.param(HEAD + "spec: {expect: {minRateGbs: 1}}", "$.spec.expect", id="typo"),
         pytest.param(HEAD + "spec: {expect: {mtu: 0}}", "$.spec.expect.mtu", id="zero-mtu"),
         pytest.param(
@@ -59,7 +59,7 @@ def test_several_documents_and_empty_ones() -> None:
             "apiVersion: nicfleet.io/v1alpha1\nkind: NicFleetPolicy\n",
             "document 0: $",
             id="missing-metadata",
-        ),  # fmt: skip
+        ),
         pytest.param("- 1\n- 2\n", "document 0: $", id="not-a-mapping"),
     ],
 )
