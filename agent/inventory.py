@@ -61,8 +61,10 @@ _GONE: Final = frozenset({"ENOENT", "ENODEV"})
 
 def natural_key(name: str) -> tuple[tuple[int, str], ...]:
     """Sort key putting mlx5_2 before mlx5_10."""
+    # [0-9], not \d: a Unicode digit in a name must not reach int().
     return tuple(
-        (int(token), "") if token.isdigit() else (-1, token) for token in re.split(r"(\d+)", name)
+        (int(token), "") if index % 2 else (-1, token)
+        for index, token in enumerate(re.split(r"([0-9]+)", name))
     )
 
 
@@ -183,6 +185,9 @@ class CounterReader:
 
     def discover(self, errors: ReadErrorLog | None = None) -> None:
         """List adapters, ports and counter files now."""
+        self._discover(errors)
+
+    def _discover(self, errors: ReadErrorLog | None) -> tuple[_PortCounterFiles, ...]:
         r = _Round(self.sysfs, errors if errors is not None else ReadErrorLog())
         ports: list[_PortCounterFiles] = []
         for adapter in _adapter_names(r):
@@ -192,14 +197,15 @@ class CounterReader:
                 ports.append(_PortCounterFiles(adapter, number, files))
         self._ports = tuple(ports)
         self._stale = False
+        return self._ports
 
     def read(self, errors: ReadErrorLog) -> tuple[PortCounters, ...]:
         """One sample of every discovered port; unreadable counters are left out."""
-        if self._ports is None or self._stale:
-            self.discover(errors)
-        assert self._ports is not None
+        ports = self._ports
+        if ports is None or self._stale:
+            ports = self._discover(errors)
         samples: list[PortCounters] = []
-        for port in self._ports:
+        for port in ports:
             values, gone = _read_counters(self.sysfs, port.files, errors)
             self._stale = self._stale or gone
             samples.append(PortCounters(adapter=port.adapter, port=port.port, values=values))
@@ -208,9 +214,11 @@ class CounterReader:
     def collect(self, *, node: str, seq: int, now: float) -> CounterBatch:
         """One CounterBatch; what could not be read is kept in `last_errors`."""
         errors = ReadErrorLog()
-        batch = CounterBatch(node=node, seq=seq, collected_at=now, ports=self.read(errors))
+        ports = self.read(errors)
         self.last_errors = errors.to_tuple()
-        return batch
+        return CounterBatch(
+            node=node, seq=seq, collected_at=now, ports=ports, read_errors=self.last_errors
+        )
 
 
 def collect_counters(
@@ -224,12 +232,15 @@ def collect_counters(
 ) -> CounterBatch:
     """One counter sample of every port (values are the kernel's raw numbers: data
     counters in 4-octet units). A sampling loop should keep one `CounterReader` and call
-    its `collect`; pass `errors` to see what could not be read (CounterBatch has no field
-    for it yet).
+    its `collect`. What could not be read is in the batch's `read_errors` (and in
+    `errors`, when given).
     """
     active = reader if reader is not None else CounterReader(sysfs)
     log = errors if errors is not None else ReadErrorLog()
-    return CounterBatch(node=node, seq=seq, collected_at=now, ports=active.read(log))
+    ports = active.read(log)
+    return CounterBatch(
+        node=node, seq=seq, collected_at=now, ports=ports, read_errors=log.to_tuple()
+    )
 
 
 # --- adapters, ports, netdevs ---------------------------------------------------------
@@ -240,26 +251,41 @@ def _adapter_names(r: _Round) -> list[str]:
 
 
 def _port_numbers(r: _Round, adapter: str) -> list[int]:
-    return sorted(int(n) for n in r.entries(f"{INFINIBAND}/{adapter}/ports") if n.isdigit())
+    names = r.entries(f"{INFINIBAND}/{adapter}/ports")
+    return sorted(int(n) for n in names if n.isascii() and n.isdigit())
 
 
 def collect_port_states(sysfs: Sysfs) -> dict[tuple[str, int], tuple[PortStateName, str | None]]:
     """`(adapter, port) -> (state name, phys_state name)` for a cheap change-detection poll.
 
-    Unreadable values read as ("UNKNOWN", None); errors are not kept (the snapshot has them).
+    Each port directory is resolved once and both files are read from there. Unreadable
+    values read as ("UNKNOWN", None); errors are not kept (the next snapshot records them).
     """
     r = _Round(sysfs, ReadErrorLog())
     states: dict[tuple[str, int], tuple[PortStateName, str | None]] = {}
     for adapter in _adapter_names(r):
         for number in _port_numbers(r, adapter):
             port_dir = f"{INFINIBAND}/{adapter}/ports/{number}"
-            state = r.value(f"{port_dir}/state", parse.parse_port_state)
-            phys = r.value(f"{port_dir}/phys_state", parse.parse_phys_state)
+            try:
+                host = sysfs.resolve(port_dir)
+            except ReadFailed:
+                continue  # removed since the listing: absent from this poll
+            state = _quietly(sysfs, host, port_dir, "state", parse.parse_port_state)
+            phys = _quietly(sysfs, host, port_dir, "phys_state", parse.parse_phys_state)
             states[(adapter, number)] = (
                 state[1] if state is not None else "UNKNOWN",
                 phys[1] if phys is not None else None,
             )
     return states
+
+
+def _quietly(
+    sysfs: Sysfs, host_dir: Path, directory: str, name: str, parser: Callable[[str], T]
+) -> T | None:
+    try:
+        return parser(sysfs.read_resolved(host_dir / name, f"{directory}/{name}"))
+    except (ReadFailed, ParseError):
+        return None
 
 
 def _collect_port(r: _Round, adapter: str, number: int, netdevs: tuple[Netdev, ...]) -> Port:

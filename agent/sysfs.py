@@ -95,10 +95,11 @@ class Sysfs:
             return None
 
     def read_resolved(self, host_path: Path, path: str) -> str:
-        """Read a file already located by `resolve` (the counter hot loop's entry point).
+        """Read a file located by `resolve`, or a plain name inside a directory it located.
 
-        `path` is only used to name the file in errors. O_NOFOLLOW keeps a link swapped
-        in after resolution from leading outside the root.
+        The hot loops' entry point (counters, port states): no walk, one open and read.
+        `path` only names the file in errors. O_NOFOLLOW refuses a final component that
+        is (or was swapped for) a link, so this can never be led outside the root.
         """
         logical = "/" + "/".join(_split(path))
         try:

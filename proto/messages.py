@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from proto.inventory import Base, PortStateName
+from proto.inventory import Base, PortStateName, ReadError
 
 MESSAGES_VERSION = 1
 
@@ -36,6 +36,7 @@ class CounterBatch(
     seq: int
     collected_at: float
     ports: tuple[PortCounters, ...] = ()
+    read_errors: tuple[ReadError, ...] = ()  # counter files that could not be read
 
 
 class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.link-event"):

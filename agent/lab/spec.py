@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import importlib.resources
 import ipaddress
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple, get_args
 
 import msgspec
 from msgspec import Meta
 
 from proto.subjects import InvalidNodeName, validate_node_name
 
-PciAddress = Annotated[str, Meta(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")]
+PCI_ADDRESS = r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]"  # domain:bus:device.function
+PCI_ADDRESS_RE = re.compile(f"^{PCI_ADDRESS}$")
+PciAddress = Annotated[str, Meta(pattern=f"^{PCI_ADDRESS}$")]
 HostBridgeName = Annotated[str, Meta(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")]
-ParentRef = Annotated[
-    str, Meta(pattern=r"^(pci[0-9a-f]{4}:[0-9a-f]{2}|[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7])$")
-]
+ParentRef = Annotated[str, Meta(pattern=f"^(pci[0-9a-f]{{4}}:[0-9a-f]{{2}}|{PCI_ADDRESS})$")]
 HexId = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{4}$")]
 ClassCode = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{6}$")]
 Guid = Annotated[str, Meta(pattern=r"^(([0-9a-f]{4}:){3}[0-9a-f]{4}|0x[0-9a-f]{16})$")]
@@ -51,8 +52,8 @@ AdapterModel = Literal["ConnectX-6", "ConnectX-6 Dx", "ConnectX-7", "BlueField-2
 GpuModel = Literal["H100 SXM5", "H100 PCIe", "A100 SXM4 80GB"]
 
 # Kernel enum values behind "4: ACTIVE" / "5: LinkUp" (drivers/infiniband/core/sysfs.c).
-PORT_STATES: dict[str, int] = {s: i for i, s in enumerate(PortState.__args__)}
-PHYS_STATES: dict[str, int] = {s: i + 1 for i, s in enumerate(PhysState.__args__)}
+PORT_STATES: dict[str, int] = {s: i for i, s in enumerate(get_args(PortState))}
+PHYS_STATES: dict[str, int] = {s: i + 1 for i, s in enumerate(get_args(PhysState))}
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -127,7 +128,7 @@ class Port(_Spec, frozen=True, kw_only=True):
     sm_sl: Annotated[int, Meta(ge=0, le=15)] = 0
     cap_mask: CapMask | None = None  # default by link layer (CX-7 IB / mlx5 RoCE)
     gids: list[Gid] | None = None  # default derived from the GUID or the netdev
-    pkeys: list[Pkey] = ["0xffff"]
+    pkeys: list[Pkey] = msgspec.field(default_factory=lambda: ["0xffff"])
     netdev: IfName | Netdev | None = None
     counters: dict[Name, int] = {}
     hw_counters: dict[Name, int] = {}
@@ -310,7 +311,7 @@ def load_builtin(name: str) -> NodeSpec:
     if name not in builtin_specs():
         known = ", ".join(builtin_specs())
         raise SpecError(f"builtin:{name}", "$", f"no built-in spec {name!r} (known: {known})")
-    resource = importlib.resources.files("agent.lab").joinpath("specs", f"{name}.yaml")
+    resource = importlib.resources.files("agent.lab").joinpath("specs").joinpath(f"{name}.yaml")
     return parse_spec(resource.read_bytes(), f"builtin:{name}")
 
 
@@ -368,14 +369,11 @@ def _problems(spec: NodeSpec) -> Iterator[tuple[str, str]]:
             path = f"$.switches[{s}].downstream[{d}]"
             yield from declare(path, down.address, "downstream")
             links.append(_Edge(path, path, down.address, up))
-    for field, items in (("gpus", spec.gpus), ("adapters", spec.adapters)):
-        for i, item in enumerate(items):
-            yield from declare(f"$.{field}[{i}].address", item.address, "endpoint")
-            links.append(
-                _Edge(
-                    f"$.{field}[{i}].address", f"$.{field}[{i}].parent", item.address, item.parent
-                )
-            )
+    endpoints = [("gpus", i, g.address, g.parent) for i, g in enumerate(spec.gpus)]
+    endpoints += [("adapters", i, a.address, a.parent) for i, a in enumerate(spec.adapters)]
+    for field, i, address, parent in endpoints:
+        yield from declare(f"$.{field}[{i}].address", address, "endpoint")
+        links.append(_Edge(f"$.{field}[{i}].address", f"$.{field}[{i}].parent", address, parent))
     yield from _tree_problems(links, kinds)
     yield from _adapter_problems(spec)
 
@@ -401,10 +399,10 @@ def _tree_problems(links: list[_Edge], kinds: dict[str, str]) -> Iterator[tuple[
     bus_owner = {pci_bus(name): name for name, kind in kinds.items() if kind == "host_bridge"}
     for edge in links:
         parent_kind = kinds.get(edge.parent)
-        allowed = _ALLOWED_PARENTS.get(kinds[edge.address], (parent_kind,))
         if parent_kind is None:
             yield edge.parent_path, f"unknown parent {edge.parent!r}: no such host bridge or bridge"
             continue
+        allowed = _ALLOWED_PARENTS.get(kinds[edge.address], (parent_kind,))
         if parent_kind not in allowed:
             names = " or ".join(k.replace("_", " ") for k in allowed)
             yield (

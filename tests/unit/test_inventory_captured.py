@@ -93,6 +93,13 @@ def ne_snapshot(ne_root: Path) -> NodeSnapshot:
 
 def test_procfs_adapters_sorted(procfs_snapshot: NodeSnapshot) -> None:
     assert [a.name for a in procfs_snapshot.adapters] == sorted(PROCFS_EXPECTED)
+    snap = procfs_snapshot
+    assert (snap.node, snap.seq, snap.collected_at, snap.agent_version) == (
+        "captured",
+        1,
+        0.0,
+        "test",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(PROCFS_EXPECTED))
@@ -406,6 +413,12 @@ def _extend(root: Path) -> None:
     )
     _link(root, "class/net/ib0", f"../../{PF}/net/ib0")
 
+    # mlx5_5: a sub-function, an auxiliary device below the PF; its PCI function is the PF.
+    sf = f"{PF}/mlx5_core.sf.2/infiniband/mlx5_5"
+    _link(root, f"{sf}/device", "../../../mlx5_core.sf.2")
+    _link(root, "class/infiniband/mlx5_5", f"../../{sf}")
+    _port(root, f"{sf}/ports/1", "4: ACTIVE", "5: LinkUp")
+
     _pci(root, GPU, "nvidia", vendor="0x10de", device="0x2330", **{"class": "0x030200"})
 
     # mlx5_10: no PCI link (a soft device); sorts after mlx5_2.
@@ -453,7 +466,7 @@ def mutable_root(rdma_root: Path, tmp_path: Path) -> Path:
 
 def test_adapters_in_natural_order(rdma_snapshot: NodeSnapshot) -> None:
     names = [a.name for a in rdma_snapshot.adapters]
-    assert names == ["i40iw0", "mlx4_0", "mlx5_0", "mlx5_2", "mlx5_10"]
+    assert names == ["i40iw0", "mlx4_0", "mlx5_0", "mlx5_2", "mlx5_5", "mlx5_10"]
 
 
 def test_mlx5_behind_a_switch(rdma_snapshot: NodeSnapshot) -> None:
@@ -497,6 +510,12 @@ def test_mlx5_behind_a_switch(rdma_snapshot: NodeSnapshot) -> None:
             type=32,
         ),
     )
+
+
+def test_sub_function_reports_its_parent_pci_function(rdma_snapshot: NodeSnapshot) -> None:
+    sf = _adapter(rdma_snapshot, "mlx5_5").pci
+    assert sf is not None
+    assert sf == _adapter(rdma_snapshot, "mlx5_0").pci
 
 
 def test_char_devices_match_ibdev_exactly(rdma_snapshot: NodeSnapshot) -> None:
@@ -563,6 +582,7 @@ def test_port_states_for_the_fast_poll(rdma_root: Path) -> None:
         ("mlx5_0", 1): ("ACTIVE", "LinkUp"),
         ("mlx5_2", 1): ("UNKNOWN", "LinkUp"),
         ("mlx5_2", 2): ("ACTIVE", "LinkUp"),
+        ("mlx5_5", 1): ("ACTIVE", "LinkUp"),
         ("mlx5_10", 1): ("DOWN", "Disabled"),
     }
 
