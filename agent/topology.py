@@ -25,7 +25,7 @@ class Relation(StrEnum):
     SYS = "SYS"  # across the inter-socket link (or NUMA unknown)
 
 
-_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}\Z")
 _LABEL = re.compile(r"^(GPU\d+|NIC\d+|[A-Za-z][A-Za-z0-9]*_\d+)$")  # old nvidia-smi: mlx5_0
 _CELL = re.compile(r"^(X|PIX|PXB|PHB|NODE|SYS|SOC|NV\d+)$")  # SOC: pre-2017 name of SYS
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")

@@ -8,8 +8,8 @@ device, non-empty output dir) ends with `error: ...` on stderr and exit code 2.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 import click
@@ -80,7 +80,7 @@ def render_cmd(
         raise BadInput(str(exc)) from exc
     netdevs = sum(p.netdev is not None for a in spec.adapters for p in a.ports)
     summary = {
-        "node": spec.node,
+        "node": spec.name,
         "root": str(out),
         "gpus": len(spec.gpus),
         "adapters": len(spec.adapters),
@@ -90,7 +90,7 @@ def render_cmd(
         click.echo(json.dumps(summary))
     else:
         click.echo(
-            f"rendered {spec.node} into {out}: {len(spec.gpus)} GPUs, "
+            f"rendered {spec.name} into {out}: {len(spec.gpus)} GPUs, "
             f"{len(spec.adapters)} RDMA devices, {netdevs} netdevs"
         )
 

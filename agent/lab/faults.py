@@ -21,7 +21,7 @@ import msgspec
 from agent.lab.spec import PCI_ADDRESS_RE, PHYS_STATES, PMA_COUNTERS, PORT_STATES
 
 FaultKind = Literal["port-down", "port-up", "counter", "pcie-width"]
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # one path component, never '..'
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # one path component, never '..'
 _TMP_DIR = ".lab-tmp"  # at the tree root: outside every directory a reader lists
 HW_COUNTER_BITS = 32  # mlx5 queue counters are 32-bit in hardware and wrap
 
@@ -94,7 +94,8 @@ def bump_counter(
 def pcie_width_drop(
     root: Path, pci_address: str, width: int, *, atomic: bool = True
 ) -> FaultRecord:
-    """Retrain the function's link to a narrower `width` (current_link_width only)."""
+    """Retrain the function's link at a narrower `width`. A link has two ends and one
+    status, so the upstream bridge port and the device's other functions change too."""
     root = _tree_root(root)
     if not PCI_ADDRESS_RE.match(pci_address):
         raise FaultError(pci_address, "not a PCI address like 0000:19:00.0")
@@ -104,8 +105,15 @@ def pcie_width_drop(
     max_width = int(_read(device / "max_link_width"))
     if width not in {1, 2, 4, 8, 12, 16, 32} or width > max_width:
         raise FaultError(device / "current_link_width", f"width {width} not in 1..{max_width}")
-    change = _write(root, device / "current_link_width", f"{width}\n", atomic)
-    return _record("pcie-width", pci_address, [change])
+    real = device.resolve()
+    ends = [a for a in sorted(os.listdir(real.parent)) if a[:-1] == pci_address[:-1]]
+    if PCI_ADDRESS_RE.match(real.parent.name):  # not directly on a host bridge
+        ends.insert(0, real.parent.name)
+    changes = [
+        _write(root, root / "bus/pci/devices" / end / "current_link_width", f"{width}\n", atomic)
+        for end in ends
+    ]
+    return _record("pcie-width", pci_address, changes)
 
 
 def _set_port(
@@ -118,9 +126,11 @@ def _set_port(
         (port_dir / "state", f"{PORT_STATES[state]}: {state}\n"),
         (port_dir / "phys_state", f"{PHYS_STATES[phys]}: {phys}\n"),
     ]
-    # The port's netdevs: the function's net/* whose dev_port is port - 1 (as ibdev2netdev).
+    # The port's netdevs: the function's net/* whose dev_port is port - 1 (as ibdev2netdev
+    # does); written through class/net/<name> so the record shows the usual path.
     net = root / "class" / "infiniband" / device / "device" / "net"
-    for netdev in sorted(net.iterdir()) if net.is_dir() else []:
+    for name in sorted(os.listdir(net)) if net.is_dir() else []:
+        netdev = root / "class" / "net" / name
         if _read(netdev / "dev_port").strip() == str(port - 1):
             files.append((netdev / "operstate", "up\n" if up else "down\n"))
             files.append((netdev / "carrier", "1\n" if up else "0\n"))

@@ -47,6 +47,9 @@ UVERBS_DEV = (231, 192)  # IB_UVERBS_MAJOR, IB_UVERBS_BASE_MINOR
 UMAD_DEV = (231, 0, 64)  # IB_UMAD_MAJOR, IB_UMAD_MINOR_BASE, issm minors start after 64 umads
 
 
+PciIds = tuple[str, str, str, str, str]  # vendor, device, subsystem vendor/device, class
+
+
 class RenderError(Exception):
     """The tree cannot be written where asked (non-empty directory, not a lab tree)."""
 
@@ -61,7 +64,7 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
     nbits = spec.possible_cpus or (all_cpus[-1] + 1 if all_cpus else 1)
     dirs, numas = _layout(spec)
 
-    def pci(address: str, ids: tuple[str, str, str, str, str], link: Link, driver: str) -> None:
+    def pci(address: str, ids: PciIds, link: Link, driver: str) -> None:
         numa = numas[address]
         local = cpus.get(numa, all_cpus) if numa is not None else all_cpus
         _write_pci_function(tree, dirs[address], address, ids, link, driver)
@@ -77,29 +80,23 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
             pci(port.address, _bridge_ids(port, sw.vendor, sw.device), port.link, "pcieport")
     for gpu in spec.gpus:
         device, link = GPU_MODELS[gpu.model]
-        ids = ("0x10de", gpu.device or device, gpu.subsystem_vendor, gpu.subsystem_device)
-        pci(gpu.address, (*ids, gpu.class_code), gpu.link or link, gpu.driver)
-    ifindex = 2  # 1 is lo
-    umad = 0
+        ids: PciIds = ("0x10de", gpu.device or device, gpu.subsystem_vendor, gpu.subsystem_device,
+                       gpu.class_code)  # fmt: skip
+        pci(gpu.address, ids, gpu.link or link, gpu.driver)
+    ifindex, umad = 2, 0  # ifindex 1 is lo
     for index, adapter in enumerate(spec.adapters):
         model = ADAPTER_MODELS[adapter.model]
-        device = adapter.device or model.device
-        ids5 = ("0x15b3", device, adapter.subsystem_vendor, adapter.subsystem_device)
-        pci(
-            adapter.address,
-            (*ids5, adapter.effective_class()),
-            adapter.link or model.link,
-            adapter.driver,
-        )
-        ifindex, umad = _write_adapter(
-            tree, spec, adapter, dirs[adapter.address], index, ifindex, umad
-        )
+        ids = ("0x15b3", adapter.device or model.device, adapter.subsystem_vendor,
+               adapter.subsystem_device, adapter.effective_class())  # fmt: skip
+        pci(adapter.address, ids, adapter.link or model.link, adapter.driver)
+        fn = dirs[adapter.address]
+        ifindex, umad = _write_adapter(tree, spec, adapter, fn, index, ifindex, umad)
     for name, version in sorted(spec.modules.items()):
         tree.write(f"module/{name}/initstate", "live\n")
         if version is not None:
             tree.write(f"module/{name}/version", f"{version}\n")
     _write_system(tree, cpus, nbits)
-    tree.write(MARKER, json.dumps({"node": spec.node, "format": 1}) + "\n")
+    tree.write(MARKER, json.dumps({"node": spec.name, "format": 1}) + "\n")
 
 
 def rate_text(rate: str) -> str:
@@ -236,13 +233,13 @@ def _layout(spec: NodeSpec) -> tuple[dict[str, str], dict[str, int | None]]:
     return dirs, numas
 
 
-def _bridge_ids(bridge: Bridge, vendor: str, device: str) -> tuple[str, str, str, str, str]:
+def _bridge_ids(bridge: Bridge, vendor: str, device: str) -> PciIds:
     vendor, device = bridge.vendor or vendor, bridge.device or device
     return vendor, device, vendor, device, "0x060400"
 
 
 def _write_pci_function(
-    tree: _Tree, d: str, address: str, ids: tuple[str, str, str, str, str], link: Link, driver: str
+    tree: _Tree, d: str, address: str, ids: PciIds, link: Link, driver: str
 ) -> None:
     names = ("vendor", "device", "subsystem_vendor", "subsystem_device", "class")
     for name, value in zip(names, ids, strict=True):
@@ -267,7 +264,7 @@ def _write_adapter(
         ("node_guid", guid_text(adapter.node_guid)),
         ("sys_image_guid", guid_text(adapter.sys_image_guid or adapter.node_guid)),
         ("node_type", adapter.node_type),
-        ("node_desc", f"{spec.node} {adapter.name}"),  # what rdma-ndd sets: "%h %d"
+        ("node_desc", f"{spec.name} {adapter.name}"),  # what rdma-ndd sets: "%h %d"
         ("fw_ver", adapter.fw_ver),
         ("board_id", adapter.board_id),
         ("hca_type", adapter.hca_type or ADAPTER_MODELS[adapter.model].hca_type),

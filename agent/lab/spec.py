@@ -21,25 +21,28 @@ from msgspec import Meta
 from proto.subjects import InvalidNodeName, validate_node_name
 
 PCI_ADDRESS = r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]"  # domain:bus:device.function
-PCI_ADDRESS_RE = re.compile(f"^{PCI_ADDRESS}$")
-PciAddress = Annotated[str, Meta(pattern=f"^{PCI_ADDRESS}$")]
-HostBridgeName = Annotated[str, Meta(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")]
-ParentRef = Annotated[str, Meta(pattern=f"^(pci[0-9a-f]{{4}}:[0-9a-f]{{2}}|{PCI_ADDRESS})$")]
-HexId = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{4}$")]
-ClassCode = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{6}$")]
-Guid = Annotated[str, Meta(pattern=r"^(([0-9a-f]{4}:){3}[0-9a-f]{4}|0x[0-9a-f]{16})$")]
-Gid = Annotated[str, Meta(pattern=r"^([0-9a-f]{4}:){7}[0-9a-f]{4}$")]
-Pkey = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{4}$")]
-CapMask = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{8}$")]
-Rate = Annotated[str, Meta(pattern=r"^(1|2|4|8|12)X (SDR|DDR|QDR|FDR10|FDR|EDR|HDR|NDR|XDR)$")]
-CpuList = Annotated[str, Meta(pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")]
-HwAddress = Annotated[str, Meta(pattern=r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}([0-9a-f:]{42})?$")]
+PCI_ADDRESS_RE = re.compile(f"^{PCI_ADDRESS}\\Z")
+PciAddress = Annotated[str, Meta(pattern=f"^{PCI_ADDRESS}\\Z")]
+HostBridgeName = Annotated[str, Meta(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}\Z")]
+ParentRef = Annotated[str, Meta(pattern=f"^(pci[0-9a-f]{{4}}:[0-9a-f]{{2}}|{PCI_ADDRESS})\\Z")]
+HexId = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{4}\Z")]
+ClassCode = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{6}\Z")]
+Guid = Annotated[str, Meta(pattern=r"^(([0-9a-f]{4}:){3}[0-9a-f]{4}|0x[0-9a-f]{16})\Z")]
+Gid = Annotated[str, Meta(pattern=r"^([0-9a-f]{4}:){7}[0-9a-f]{4}\Z")]
+Pkey = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{4}\Z")]
+CapMask = Annotated[str, Meta(pattern=r"^0x[0-9a-f]{8}\Z")]
+Rate = Annotated[str, Meta(pattern=r"^(1|2|4|8|12)X (SDR|DDR|QDR|FDR10|FDR|EDR|HDR|NDR|XDR)\Z")]
+CpuList = Annotated[str, Meta(pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*\Z")]
+HwAddress = Annotated[str, Meta(pattern=r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}([0-9a-f:]{42})?\Z")]
 # Names become file names in the tree, so no '/', no leading '.'.
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=64)]
-IfName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=15)]
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z", max_length=64)]
+IfName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z", max_length=15)]
 Gen = Annotated[int, Meta(ge=1, le=6)]
 Width = Literal[1, 2, 4, 8, 12, 16, 32]
 U16 = Annotated[int, Meta(ge=0, le=0xFFFF)]
+Positive = Annotated[int, Meta(ge=1)]
+Mtu = Annotated[int, Meta(ge=68, le=65520)]
+Line = Annotated[str, Meta(pattern=r"^[^\n]*\Z")]  # written as one line of a sysfs file
 
 PortState = Literal["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"]
 PhysState = Literal[
@@ -104,20 +107,16 @@ class Gpu(_Spec, frozen=True, kw_only=True):
 
 class Netdev(_Spec, frozen=True, kw_only=True):
     name: IfName
-    mtu: Annotated[int, Meta(ge=68, le=65520)] | None = (
-        None  # default 4092 (IPoIB datagram) / 1500 (Ethernet)
-    )
+    mtu: Mtu | None = None  # default 4092 (IPoIB datagram) / 1500 (Ethernet)
     operstate: OperState | None = None  # default follows the port state
     carrier: bool | None = None
     address: HwAddress | None = None  # default derived from the node GUID
-    ifindex: Annotated[int, Meta(ge=1)] | None = (
-        None  # default: order of appearance, from 2 (1 is lo)
-    )
+    ifindex: Positive | None = None  # default: order of appearance, from 2 (1 is lo)
     ipv4: list[str] = []  # adds IPv4-mapped RoCE GIDs
 
 
 class Port(_Spec, frozen=True, kw_only=True):
-    number: int | None = None  # default: position + 1
+    number: Positive | None = None  # default: position + 1
     link_layer: LinkLayer = "InfiniBand"
     state: PortState = "ACTIVE"
     phys_state: PhysState | None = None  # default LinkUp, or Disabled when DOWN
@@ -156,11 +155,11 @@ class Adapter(_Spec, frozen=True, kw_only=True):
     parent: ParentRef
     node_guid: Guid
     sys_image_guid: Guid | None = None  # default node_guid; shared by a card's functions
-    fw_ver: str
-    board_id: str
-    hw_rev: str = "0"
-    node_type: str = "1: CA"
-    hca_type: str | None = None
+    fw_ver: Line
+    board_id: Line
+    hw_rev: Line = "0"
+    node_type: Line = "1: CA"
+    hca_type: Line | None = None
     device: HexId | None = None
     subsystem_vendor: HexId = "0x15b3"
     subsystem_device: HexId = "0x0000"
@@ -179,11 +178,11 @@ class Adapter(_Spec, frozen=True, kw_only=True):
 
 
 class NodeSpec(_Spec, frozen=True, kw_only=True):
-    node: str
+    name: str  # the node name (DNS-1123); `lab render --node-name` overrides it
     description: str = ""
     numa_nodes: dict[Annotated[int, Meta(ge=0)], CpuList]
-    possible_cpus: Annotated[int, Meta(ge=1)] | None = None  # default: highest CPU + 1
-    modules: dict[Name, str | None] = {}  # None: loaded, no version file (in-tree)
+    possible_cpus: Positive | None = None  # default: highest CPU + 1
+    modules: dict[Name, Line | None] = {}  # None: loaded, no version file (in-tree)
     host_bridges: Annotated[list[HostBridge], Meta(min_length=1)]
     switches: list[Switch] = []
     gpus: list[Gpu] = []
@@ -286,6 +285,8 @@ def parse_spec(data: bytes | str, file: str = "<spec>") -> NodeSpec:
         message, _, where = str(exc).rpartition(" - at `")
         if not message:  # no location: the document itself has the wrong shape
             raise SpecError(file, "$", str(exc)) from exc
+        if where.startswith("key` in `"):  # msgspec's form for a bad mapping key
+            where, message = where.removeprefix("key` in `"), f"{message} (in a key)"
         raise SpecError(file, where.rstrip("`"), message) from exc
     except msgspec.DecodeError as exc:
         raise SpecError(file, "$", f"invalid YAML: {exc}") from exc
@@ -320,16 +321,16 @@ def with_node_name(spec: NodeSpec, node: str, file: str = "--node-name") -> Node
     try:
         validate_node_name(node)
     except InvalidNodeName as exc:
-        raise SpecError(file, "$.node", str(exc)) from exc
-    return msgspec.structs.replace(spec, node=node)
+        raise SpecError(file, "$.name", str(exc)) from exc
+    return msgspec.structs.replace(spec, name=node)
 
 
 def _problems(spec: NodeSpec) -> Iterator[tuple[str, str]]:
     """Semantic checks, in document order; each yields (field path, message)."""
     try:
-        validate_node_name(spec.node)
+        validate_node_name(spec.name)
     except InvalidNodeName as exc:
-        yield "$.node", str(exc)
+        yield "$.name", str(exc)
     owner: dict[int, int] = {}
     for numa, cpulist in spec.numa_nodes.items():
         try:

@@ -25,14 +25,15 @@ from rich.console import Console
 
 from aggregator.ctl.render import console_for, render_node, render_nodes
 
-# (node name, built-in lab spec); both InfiniBand nodes reproduce the captured H100 matrix.
+# (node name, built-in lab spec): distinct specs, so no two nodes share GUIDs or MACs.
+# gpu-ib-01 reproduces a real 8xH100 `nvidia-smi topo -m` matrix.
 DEMO_NODES: tuple[tuple[str, str], ...] = (
     ("gpu-ib-01", "h100-ib-12nic"),
-    ("gpu-ib-02", "h100-ib-12nic"),
+    ("gpu-ib-02", "a100-ib-4nic"),
     ("gpu-roce-01", "roce-cx6dx"),
-    ("gpu-roce-02", "roce-cx6dx"),
+    ("gpu-roce-02", "roce-cx6dx-2"),
 )
-FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-02", "mlx5_3", 1
+FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-01", "mlx5_3", 1
 
 T = TypeVar("T")
 

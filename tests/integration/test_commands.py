@@ -88,8 +88,8 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     assert downs and downs[0]["adapter"] == "mlx5_3" and downs[0]["port"] == 1
     assert isinstance(summary["fault_to_aggregator_ms"], int | float)
     assert summary["fault_to_aggregator_ms"] >= 0
-    ib02 = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-02")
-    assert "mlx5_3/1" in ib02["ports_down"]
+    faulted = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-01")
+    assert "mlx5_3/1" in faulted["ports_down"]
     assert _processes_mentioning(str(workdir)) == []
 
 

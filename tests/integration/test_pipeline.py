@@ -8,14 +8,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
-import msgspec
 import nats
 import pytest
-from agent.lab.faults import port_down
-from agent.lab.render import render
-from agent.lab.spec import load_builtin
 
 from agent.inventory import collect_snapshot
+from agent.lab.faults import port_down
+from agent.lab.render import render
+from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
 from agent.sysfs import Sysfs
 from aggregator.natsserver import NatsServer
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 def lab_node(root: Path, spec: str, node: str) -> Path:
     path = root / node
-    render(msgspec.structs.replace(load_builtin(spec), name=node), path)
+    render(with_node_name(load_builtin(spec), node), path)
     return path
 
 
@@ -63,6 +62,11 @@ async def agent(nats_url: str, root: Path, node: str) -> AsyncIterator[AgentServ
             stop.set()
 
 
+def has_snapshot(service: AggregatorService, node: str) -> bool:
+    record = service.fleet.get(node)
+    return record is not None and record.snapshot is not None
+
+
 async def api_get(service: AggregatorService, path: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=service.api_url or "") as client:
         return await client.get(path)
@@ -77,7 +81,7 @@ async def test_agent_to_api_end_to_end(nats_server: NatsServer, tmp_path: Path) 
     root = lab_node(tmp_path, "h100-ib-12nic", "e2e-ib-01")
     expected = collect_snapshot(Sysfs(root), node="e2e-ib-01", seq=1, now=0.0, agent_version="x")
     async with aggregator(nats_server.url) as agg, agent(nats_server.url, root, "e2e-ib-01"):
-        await wait_until(lambda: agg.fleet.get("e2e-ib-01") is not None, what="node in fleet")
+        await wait_until(lambda: has_snapshot(agg, "e2e-ib-01"), what="node in fleet")
         listing = (await api_get(agg, "/api/v1/nodes")).json()
         assert "e2e-ib-01" in [item["name"] for item in listing["items"]]
         detail = await node_detail(agg, "e2e-ib-01")
@@ -115,7 +119,7 @@ async def test_nats_restart_mid_run_aggregator_gets_next_snapshot(
 ) -> None:
     root = lab_node(tmp_path, "roce-cx6dx", "restart-01")
     async with aggregator(own_nats.url) as agg, agent(own_nats.url, root, "restart-01"):
-        await wait_until(lambda: agg.fleet.get("restart-01") is not None, what="first snapshot")
+        await wait_until(lambda: has_snapshot(agg, "restart-01"), what="first snapshot")
         record = agg.fleet.get("restart-01")
         assert record is not None and record.snapshot is not None
         first_seq = record.snapshot.seq
@@ -134,7 +138,7 @@ async def test_bad_messages_are_counted_and_dropped_while_good_ones_flow(
 ) -> None:
     root = lab_node(tmp_path, "roce-cx6dx", "bad-input-01")
     async with aggregator(nats_server.url) as agg, agent(nats_server.url, root, "bad-input-01"):
-        await wait_until(lambda: agg.fleet.get("bad-input-01") is not None, what="snapshot")
+        await wait_until(lambda: has_snapshot(agg, "bad-input-01"), what="snapshot")
         before = agg.fleet.get("bad-input-01")
         assert before is not None
         nc = await nats.connect(nats_server.url)
@@ -183,7 +187,7 @@ async def test_fleet_is_rebuilt_from_kv_on_restart(nats_server: NatsServer, tmp_
     root = lab_node(tmp_path, "roce-cx6dx", "kv-rebuild-01")
     async with aggregator(nats_server.url) as agg:
         async with agent(nats_server.url, root, "kv-rebuild-01"):
-            await wait_until(lambda: agg.fleet.get("kv-rebuild-01") is not None, what="snapshot")
+            await wait_until(lambda: has_snapshot(agg, "kv-rebuild-01"), what="snapshot")
         await wait_until(
             lambda: (agg.metrics.registry.get_sample_value(
                 "nicfleet_kv_writes_total", {"bucket": subjects.KV_NODES}
