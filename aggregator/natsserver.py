@@ -8,7 +8,6 @@ directory we own. This module only manages the process; it never talks NATS prot
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -93,14 +92,16 @@ class NatsServer:
             "-l", str(self._work / "nats-server.log"),
             *self.settings.extra_args,
         ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
         try:
+            self._proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
             self.port = self._wait_for_port(ports_dir)
             self._wait_accepting()
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            self.close()  # a failed start leaves no process and no temporary directory
+            if isinstance(exc, OSError):
+                raise EmbeddedNatsError(f"cannot start nats-server {args[0]}: {exc}") from exc
             raise
         return self
 
@@ -178,13 +179,3 @@ class NatsServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
