@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
 .PHONY: install demo test lint typecheck contracts unit clean
 
@@ -19,8 +20,8 @@ demo: install
 	$(BIN)/nicfleetctl demo
 
 lint: install
-	$(BIN)/ruff check agent aggregator proto tests bench
-	$(BIN)/ruff format --check agent aggregator proto tests bench
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
 
 typecheck: install
 	$(BIN)/mypy
