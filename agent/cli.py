@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -52,6 +53,20 @@ def _sysfs(root: Path) -> Sysfs:
         raise
 
 
+def _host_options(command: Callable[..., None]) -> Callable[..., None]:
+    """--sysfs-root and --node-name, shared by every command that reads a host."""
+    command = click.option(
+        "--node-name", help="Node name (DNS-1123). Default: this host's short name."
+    )(command)
+    return click.option(
+        "--sysfs-root",
+        type=click.Path(path_type=Path),
+        default=Path("/sys"),
+        show_default=True,
+        help="Root of the sysfs tree to read.",
+    )(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nicfleet-agent")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
@@ -63,14 +78,7 @@ def main(verbose: int) -> None:
 
 
 @main.command()
-@click.option(
-    "--sysfs-root",
-    type=click.Path(path_type=Path),
-    default=Path("/sys"),
-    show_default=True,
-    help="Root of the sysfs tree to read.",
-)
-@click.option("--node-name", help="Node name (DNS-1123). Default: this host's short name.")
+@_host_options
 @click.option(
     "-o",
     "--output",
@@ -89,14 +97,7 @@ def snapshot(sysfs_root: Path, node_name: str | None, output: str) -> None:
 
 @main.command()
 @click.option("--nats-url", required=True, help="NATS server URL, e.g. nats://127.0.0.1:4222.")
-@click.option(
-    "--sysfs-root",
-    type=click.Path(path_type=Path),
-    default=Path("/sys"),
-    show_default=True,
-    help="Root of the sysfs tree to read.",
-)
-@click.option("--node-name", help="Node name (DNS-1123). Default: this host's short name.")
+@_host_options
 @click.option(
     "--counter-interval",
     type=click.FloatRange(min=0.05),
