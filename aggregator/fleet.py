@@ -8,7 +8,7 @@ ordering rule for snapshots and counter batches, keeps live port state in step w
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import Final, Literal, cast, get_args
 
 import msgspec
 from msgspec.structs import replace
@@ -52,7 +52,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     state: NodeState
-    adapters: int
+    devices: int
     ports_total: int
     ports_active: int
     ports_down: tuple[str, ...]  # "mlx5_3/1" for every port not ACTIVE/ACTIVE_DEFER
@@ -61,7 +61,7 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int
     firmware: tuple[str, ...]
     agent_version: str | None
-    read_errors: int
+    errors: int  # files the agent could not read (device and host level)
     last_seen: float
     age_s: float
 
@@ -69,8 +69,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
 class EventView(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
     kind: str
-    adapter: str
+    device: str | None
     port: int | None
+    netdev: str | None
     old_state: str | None
     new_state: str | None
     phys_state: str | None
@@ -222,7 +223,7 @@ def _supersedes(
         return False
     return not any(
         seen.event.kind == "port-state"
-        and seen.event.adapter == event.adapter
+        and seen.event.device == event.device
         and seen.event.port == event.port
         and seen.event.observed_at > event.observed_at
         for seen in history
@@ -230,31 +231,38 @@ def _supersedes(
 
 
 def _patch_port(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
-    state: PortStateName = event.new_state or "UNKNOWN"
-    adapters = []
+    state: PortStateName = _as_state(event.new_state)
+    devices = []
     changed = False
-    for adapter in snap.adapters:
-        if adapter.name == event.adapter:
+    for device in snap.devices:
+        if device.name == event.device:
             ports = []
-            for port in adapter.ports:
-                if port.number == event.port:
+            for port in device.ports:
+                if port.port == event.port:
                     port = _port_with_state(port, state, event.phys_state)
                     changed = True
                 ports.append(port)
-            adapter = replace(adapter, ports=tuple(ports))
-        adapters.append(adapter)
-    return replace(snap, adapters=tuple(adapters)) if changed else snap
+            device = replace(device, ports=tuple(ports))
+        devices.append(device)
+    return replace(snap, devices=tuple(devices)) if changed else snap
+
+
+def _as_state(value: str | None) -> PortStateName:
+    for name in get_args(PortStateName):
+        if name == value:
+            return cast(PortStateName, name)
+    return "UNKNOWN"
 
 
 def _port_with_state(port: Port, state: PortStateName, phys: str | None) -> Port:
     if phys is None:
-        return replace(port, state=_STATE_CODES.get(state), state_name=state)
+        return replace(port, state=state, state_id=_STATE_CODES.get(state))
     return replace(
         port,
-        state=_STATE_CODES.get(state),
-        state_name=state,
-        phys_state=_PHYS_CODES.get(phys),
-        phys_state_name=phys,
+        state=state,
+        state_id=_STATE_CODES.get(state),
+        phys_state=phys,
+        phys_state_id=_PHYS_CODES.get(phys),
     )
 
 
@@ -269,25 +277,31 @@ def node_state(record: NodeRecord, now: float, stale_after: float) -> NodeState:
 
 def summarize(record: NodeRecord, now: float, stale_after: float) -> NodeSummary:
     snap = record.snapshot
-    adapters = snap.adapters if snap is not None else ()
-    ports = [(a.name, p) for a in adapters for p in a.ports]
+    devices = snap.devices if snap is not None else ()
+    ports = [(d.name, p) for d in devices for p in d.ports]
     rates = [p.rate_gbps for _, p in ports if p.rate_gbps is not None]
     return NodeSummary(
         name=record.name,
         state=node_state(record, now, stale_after),
-        adapters=len(adapters),
+        devices=len(devices),
         ports_total=len(ports),
-        ports_active=sum(p.state_name in ACTIVE_STATES for _, p in ports),
-        ports_down=tuple(f"{a}/{p.number}" for a, p in ports if p.state_name not in ACTIVE_STATES),
+        ports_active=sum(p.state in ACTIVE_STATES for _, p in ports),
+        ports_down=tuple(f"{d}/{p.port}" for d, p in ports if p.state not in ACTIVE_STATES),
         link_layers=tuple(sorted({p.link_layer for _, p in ports})),
         max_rate_gbps=max(rates, default=None),
         gpus=len(snap.gpus) if snap is not None else 0,
-        firmware=tuple(sorted({a.fw_ver for a in adapters if a.fw_ver})),
+        firmware=tuple(sorted({d.fw_ver for d in devices if d.fw_ver})),
         agent_version=snap.agent_version if snap is not None else None,
-        read_errors=len(snap.read_errors) if snap is not None else 0,
+        errors=_error_count(snap),
         last_seen=record.last_seen,
         age_s=max(0.0, now - record.last_seen),
     )
+
+
+def _error_count(snap: NodeSnapshot | None) -> int:
+    if snap is None:
+        return 0
+    return len(snap.errors) + sum(len(d.errors) for d in snap.devices)
 
 
 def describe(record: NodeRecord, now: float, stale_after: float) -> NodeDetail:
@@ -307,8 +321,9 @@ def _event_view(received: ReceivedEvent) -> EventView:
     return EventView(
         seq=e.seq,
         kind=e.kind,
-        adapter=e.adapter,
+        device=e.device,
         port=e.port,
+        netdev=e.netdev,
         old_state=e.old_state,
         new_state=e.new_state,
         phys_state=e.phys_state,

@@ -1,8 +1,10 @@
 """The node snapshot: everything an agent knows about one host's RDMA path.
 
-Plain data only (msgspec Structs, frozen, keyword-only). Optional kernel attributes are
-`None` when absent; every file the agent could not read is listed in `read_errors`
-instead of being zero-filled. New fields must have defaults so older payloads decode.
+Its JSON form is the stable contract of `nicfleet-agent snapshot` (docs/snapshot.md):
+key names here are API. Plain data only (msgspec Structs, frozen, keyword-only).
+Optional kernel attributes are `null` when absent — never dropped, never zero-filled —
+and every file that could not be read is listed in an `errors` list. Fields added
+later must have defaults so that older payloads keep decoding.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ SNAPSHOT_VERSION = 1
 
 PortStateName = Literal["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER", "UNKNOWN"]
 LinkLayer = Literal["InfiniBand", "Ethernet", "Unknown"]
+Relation = Literal["X", "PIX", "PXB", "PHB", "NODE", "SYS"]
 
 
 class Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -24,85 +27,137 @@ class Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Fals
 class ReadError(Base, frozen=True, kw_only=True):
     """A sysfs (or other) read that failed; recorded, never zero-filled."""
 
-    path: str
+    path: str  # relative to the sysfs root, starting with '/'
     error: str  # errno name (ENOENT, EACCES, ...) or a short reason ("N/A (no PMA)")
 
 
-class PcieLink(Base, frozen=True, kw_only=True):
+class Pcie(Base, frozen=True, kw_only=True):
+    """Negotiated and possible PCIe link of a function.
+
+    `max_*` is the effective maximum: the lower of the device's own maximum and its
+    upstream port's, because a x16 card in a x8 slot can never train wider than x8.
+    """
+
     current_speed_gts: float | None = None
     current_width: int | None = None
     max_speed_gts: float | None = None
     max_width: int | None = None
+    degraded: bool = False
+    device_max_speed_gts: float | None = None
+    device_max_width: int | None = None
 
 
-class PciFunction(Base, frozen=True, kw_only=True):
-    address: str  # 0000:3b:00.0
-    vendor: str | None = None  # 0x15b3
-    device: str | None = None
-    subsystem_vendor: str | None = None
-    subsystem_device: str | None = None
-    class_code: str | None = None  # 0x020700
-    driver: str | None = None
-    numa_node: int | None = None  # -1 in sysfs means unknown -> None
-    local_cpulist: str | None = None
-    link: PcieLink = PcieLink()
-    # PCI addresses from the root complex down to this function's parent bridge.
-    path: tuple[str, ...] = ()
+class Sriov(Base, frozen=True, kw_only=True):
+    totalvfs: int | None = None
+    numvfs: int | None = None
+    vfs: tuple[str, ...] = ()  # PCI addresses of the virtual functions
+    physfn: str | None = None  # set on a VF: its physical function's PCI address
 
 
-class Netdev(Base, frozen=True, kw_only=True):
+class Interface(Base, frozen=True, kw_only=True):
+    """A netdev of an adapter's PCI function, as /sys/class/net/<if> shows it."""
+
     name: str
-    port: int | None = None  # matched via dev_port (0-based) -> port number (1-based)
+    port: int | None = None  # dev_port + 1
     mtu: int | None = None
     operstate: str | None = None
     carrier: bool | None = None
     address: str | None = None
-    type: int | None = None
+    type: int | None = None  # ARPHRD_*: 1 Ethernet, 32 InfiniBand
+
+
+class Gid(Base, frozen=True, kw_only=True):
+    index: int
+    gid: str
+    type: str | None = None  # gid_attrs/types: "IB/RoCE v1", "RoCE v2"
+    ndev: str | None = None  # gid_attrs/ndevs
 
 
 class Port(Base, frozen=True, kw_only=True):
-    number: int
-    state: int | None = None
-    state_name: PortStateName = "UNKNOWN"
-    phys_state: int | None = None
-    phys_state_name: str | None = None
+    port: int
+    state: PortStateName = "UNKNOWN"
+    state_id: int | None = None
+    phys_state: str | None = None
+    phys_state_id: int | None = None
+    link_layer: LinkLayer = "Unknown"
     rate_gbps: float | None = None
     rate_lanes: int | None = None
-    rate_speed: str | None = None  # NDR, HDR, ...
-    link_layer: LinkLayer = "Unknown"
+    rate_speed: str | None = None  # NDR, HDR, ... (absent on old kernels)
     lid: int | None = None
     sm_lid: int | None = None
-    netdevs: tuple[str, ...] = ()
+    lid_mask_count: int | None = None
+    cap_mask: str | None = None
+    gids: tuple[Gid, ...] = ()  # non-zero GIDs only
+    pkeys: tuple[str, ...] = ()  # non-zero P_Keys, as "0xffff"
     counters: dict[str, int] = msgspec.field(default_factory=dict)
+    counters_ext: dict[str, int] = msgspec.field(default_factory=dict)
+    hw_counters: dict[str, int] = msgspec.field(default_factory=dict)
+    rx_bytes: int | None = None  # port_rcv_data x 4 (or counters_ext/port_rcv_data_64 x 4)
+    tx_bytes: int | None = None
 
 
-class Adapter(Base, frozen=True, kw_only=True):
+class Device(Base, frozen=True, kw_only=True):
+    """One RDMA device (/sys/class/infiniband/<name>) and its PCI function."""
+
     name: str  # mlx5_0
-    pci: PciFunction | None = None
-    node_guid: str | None = None
-    sys_image_guid: str | None = None
+    pci_address: str | None = None  # 0000:3b:00.0
+    vendor_id: str | None = None  # 0x15b3
+    device_id: str | None = None
+    subsystem_vendor_id: str | None = None
+    subsystem_device_id: str | None = None
+    class_code: str | None = None  # 0x020700
+    driver: str | None = None
     fw_ver: str | None = None
     board_id: str | None = None
     hca_type: str | None = None
     hw_rev: str | None = None
+    node_guid: str | None = None
+    sys_image_guid: str | None = None
     node_type: str | None = None
-    ports: tuple[Port, ...] = ()
-    netdevs: tuple[Netdev, ...] = ()
+    numa_node: int | None = None  # -1 in sysfs means unknown -> null
+    local_cpulist: str | None = None
+    netdevs: tuple[str, ...] = ()
+    interfaces: tuple[Interface, ...] = ()
     char_devices: tuple[str, ...] = ()
+    pcie: Pcie | None = None
+    sriov: Sriov | None = None
+    # The PCI chain above the function: host bridge ("pci0000:3a") first, then every
+    # bridge down to the parent. The GPU<->NIC relation is derived from it.
+    pci_path: tuple[str, ...] = ()
+    ports: tuple[Port, ...] = ()
+    errors: tuple[ReadError, ...] = ()
 
 
 class Gpu(Base, frozen=True, kw_only=True):
-    pci: PciFunction
-    name: str | None = None
+    pci_address: str
+    numa_node: int | None = None
+    device_id: str | None = None
+    vendor_id: str | None = None
+    class_code: str | None = None
+    pcie: Pcie | None = None
+    pci_path: tuple[str, ...] = ()
 
 
-class Module(Base, frozen=True, kw_only=True):
-    name: str
+class GpuNicRelation(Base, frozen=True, kw_only=True):
+    gpu: str  # PCI address
+    nic: str  # RDMA device name
+    relation: Relation
+
+
+class ModuleInfo(Base, frozen=True, kw_only=True):
     version: str | None = None
+    srcversion: str | None = None
+
+
+class Platform(Base, frozen=True, kw_only=True):
+    iommu: bool | None = None  # /sys/class/iommu has entries
+    peermem: bool = False  # nvidia_peermem (or legacy nv_peer_mem) loaded
+    acs_enabled_bridges: tuple[str, ...] = ()  # bridges on GPU<->NIC paths with ACS redirect
+    verbs: str | None = None  # "ok: N devices" or "verbs unavailable: <reason>"
 
 
 class NodeSnapshot(
-    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.node-snapshot"
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.NodeSnapshot"
 ):
     """Full inventory of one node, published on start, reconnect, change and periodically."""
 
@@ -111,7 +166,9 @@ class NodeSnapshot(
     agent_version: str
     seq: int  # per-agent-process sequence number, increases with every publish
     collected_at: float  # unix seconds
-    adapters: tuple[Adapter, ...] = ()
+    devices: tuple[Device, ...] = ()
     gpus: tuple[Gpu, ...] = ()
-    modules: tuple[Module, ...] = ()
-    read_errors: tuple[ReadError, ...] = ()
+    gpu_nic_topology: tuple[GpuNicRelation, ...] = ()
+    modules: dict[str, ModuleInfo] = msgspec.field(default_factory=dict)
+    platform: Platform = Platform()
+    errors: tuple[ReadError, ...] = ()  # host-level errors (GPUs, modules, platform)

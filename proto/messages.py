@@ -11,23 +11,40 @@ from typing import Literal
 
 import msgspec
 
-from proto.inventory import Base, PortStateName, ReadError
+from proto.inventory import Base, ReadError
 
 MESSAGES_VERSION = 1
 
 Severity = Literal["critical", "warning", "info"]
 AlertState = Literal["firing", "resolved"]
-EventKind = Literal["port-state", "device-added", "device-removed", "link-state"]
+# port-state: an RDMA port's state/phys_state changed (sysfs);
+# netdev-state / netdev-mtu / netdev-address: a netdev changed (netlink);
+# device-added / device-removed: an RDMA device appeared or vanished.
+EventKind = Literal[
+    "port-state", "netdev-state", "netdev-mtu", "netdev-address", "device-added", "device-removed"
+]
 
 
 class PortCounters(Base, frozen=True, kw_only=True):
-    adapter: str
+    """One port's cumulative counters (raw kernel values) and their rates."""
+
+    device: str
     port: int
-    values: dict[str, int] = msgspec.field(default_factory=dict)
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
+    counters_ext: dict[str, int] = msgspec.field(default_factory=dict)
+    hw_counters: dict[str, int] = msgspec.field(default_factory=dict)
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+    # Per second since the previous sample, keyed "<group>/<name>" (group: counters,
+    # counters_ext, hw_counters) plus "rx_bytes" and "tx_bytes". A counter that is
+    # saturated or was reset has no rate this round; it is named below instead.
+    rates: dict[str, float] = msgspec.field(default_factory=dict)
+    saturated: tuple[str, ...] = ()
+    resets: tuple[str, ...] = ()
 
 
 class CounterBatch(
-    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.counter-batch"
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.CounterBatch"
 ):
     """One sampling round of every port's counters (core NATS, newest wins)."""
 
@@ -35,21 +52,23 @@ class CounterBatch(
     node: str
     seq: int
     collected_at: float
+    interval_s: float | None = None  # seconds since the previous sample (None: first)
     ports: tuple[PortCounters, ...] = ()
-    read_errors: tuple[ReadError, ...] = ()  # counter files that could not be read
+    errors: tuple[ReadError, ...] = ()  # counter files that could not be read
 
 
-class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.link-event"):
-    """An immediate change the agent saw (port state, link, device add/remove)."""
+class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.LinkEvent"):
+    """An immediate change the agent saw (port state, netdev, device add/remove)."""
 
     version: int = MESSAGES_VERSION
     node: str
     seq: int
     kind: EventKind
-    adapter: str
+    device: str | None = None  # RDMA device, when the change maps to one
     port: int | None = None
-    old_state: PortStateName | None = None
-    new_state: PortStateName | None = None
+    netdev: str | None = None
+    old_state: str | None = None  # port: PortStateName; netdev: operstate; mtu: number
+    new_state: str | None = None
     phys_state: str | None = None
     observed_at: float  # unix seconds, when the agent saw the change
 
@@ -62,7 +81,7 @@ class ResourceStatus(Base, frozen=True, kw_only=True):
 
 
 class DevicePluginStatus(
-    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.device-plugin-status"
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.DevicePluginStatus"
 ):
     version: int = MESSAGES_VERSION
     node: str
@@ -102,7 +121,7 @@ class DevicePluginConfig(Base, frozen=True, kw_only=True, rename="camel"):
 
 
 class DesiredConfig(
-    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.desired-config"
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.DesiredConfig"
 ):
     """What the aggregator wants a node's device plugin to advertise (KV nicfleet-config)."""
 
@@ -112,7 +131,7 @@ class DesiredConfig(
     device_plugin: DevicePluginConfig = DevicePluginConfig()
 
 
-class Alert(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.alert"):
+class Alert(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.Alert"):
     version: int = MESSAGES_VERSION
     rule: str
     severity: Severity

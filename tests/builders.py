@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from proto.inventory import (
-    Adapter,
+    Device,
     Gpu,
+    Interface,
     LinkLayer,
-    Netdev,
     NodeSnapshot,
-    PciFunction,
     Port,
     PortStateName,
 )
@@ -26,16 +25,16 @@ def port(
     phys: str | None = "LinkUp",
 ) -> Port:
     return Port(
-        number=number,
-        state_name=state,
-        state=4 if state == "ACTIVE" else 1,
-        phys_state_name=phys,
+        port=number,
+        state=state,
+        state_id=4 if state == "ACTIVE" else 1,
+        phys_state=phys,
         rate_gbps=rate,
         link_layer=link_layer,
     )
 
 
-def adapter(
+def device(
     name: str = "mlx5_0",
     *,
     ports: tuple[Port, ...] | None = None,
@@ -43,14 +42,16 @@ def adapter(
     pci: str = "0000:3b:00.0",
     numa: int | None = 0,
     netdev: str | None = None,
-) -> Adapter:
-    netdevs = (Netdev(name=netdev, port=1),) if netdev else ()
-    return Adapter(
+) -> Device:
+    return Device(
         name=name,
-        pci=PciFunction(address=pci, numa_node=numa, driver="mlx5_core"),
+        pci_address=pci,
+        numa_node=numa,
+        driver="mlx5_core",
         fw_ver=fw,
         ports=ports if ports is not None else (port(),),
-        netdevs=netdevs,
+        netdevs=(netdev,) if netdev else (),
+        interfaces=(Interface(name=netdev, port=1),) if netdev else (),
     )
 
 
@@ -59,7 +60,7 @@ def snapshot(
     *,
     seq: int = 1,
     collected_at: float = T0,
-    adapters: tuple[Adapter, ...] | None = None,
+    devices: tuple[Device, ...] | None = None,
     gpus: int = 8,
     agent_version: str = "0.1.0",
 ) -> NodeSnapshot:
@@ -68,10 +69,9 @@ def snapshot(
         agent_version=agent_version,
         seq=seq,
         collected_at=collected_at,
-        adapters=adapters if adapters is not None else (adapter(),),
+        devices=devices if devices is not None else (device(),),
         gpus=tuple(
-            Gpu(pci=PciFunction(address=f"0000:{0x18 + i:02x}:00.0", numa_node=i // 4))
-            for i in range(gpus)
+            Gpu(pci_address=f"0000:{0x18 + i:02x}:00.0", numa_node=i // 4) for i in range(gpus)
         ),
     )
 
@@ -79,19 +79,18 @@ def snapshot(
 def counters(
     node: str = "gpu-001", *, seq: int = 1, collected_at: float = T0, rx: int = 0
 ) -> CounterBatch:
-    values = {"port_rcv_data": rx}
     return CounterBatch(
         node=node,
         seq=seq,
         collected_at=collected_at,
-        ports=(PortCounters(adapter="mlx5_0", port=1, values=values),),
+        ports=(PortCounters(device="mlx5_0", port=1, counters={"port_rcv_data": rx}),),
     )
 
 
 def port_event(
     node: str = "gpu-001",
     *,
-    adapter: str = "mlx5_0",
+    device: str = "mlx5_0",
     port: int = 1,
     new: PortStateName = "DOWN",
     old: PortStateName = "ACTIVE",
@@ -103,7 +102,7 @@ def port_event(
         node=node,
         seq=seq,
         kind="port-state",
-        adapter=adapter,
+        device=device,
         port=port,
         old_state=old,
         new_state=new,

@@ -174,7 +174,7 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         def fault_seen() -> dict[str, Any] | None:
             detail: dict[str, Any] | None = _get(client, f"/api/v1/nodes/{FAULT_NODE}")
             for event in (detail or {}).get("events", []):
-                if (event["adapter"], event["port"], event["new_state"]) == (
+                if (event["device"], event["port"], event["new_state"]) == (
                     FAULT_DEVICE, FAULT_PORT, "DOWN"
                 ):  # fmt: skip
                     return detail

@@ -89,7 +89,7 @@ def nodes(server: str, state: str | None, output: Output) -> None:
 @output_option
 @click.pass_obj
 def node(server: str, name: str, output: Output) -> None:
-    """Show one node: its adapters and ports, live port states and recent link events."""
+    """Show one node: its RDMA devices and ports, live port states and recent link events."""
     try:
         validate_node_name(name)
     except InvalidNodeName as exc:

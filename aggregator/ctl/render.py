@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aggregator.fleet import ACTIVE_STATES, EventView, NodeDetail, NodeSummary
-from proto.inventory import Adapter, Port
+from proto.inventory import Device, Port
 
 T = TypeVar("T", bound=msgspec.Struct)
 RECENT_EVENTS: Final = 10
@@ -48,14 +48,14 @@ def render_nodes(
     wide: bool = False,
 ) -> None:
     """The `nodes` table; raw API items are accepted and validated (msgspec)."""
-    columns = ["NAME", "STATE", "ADAPTERS", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE"]
+    columns = ["NAME", "STATE", "DEVICES", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE"]
     columns += ["DOWN-PORTS", "AGENT", "READ-ERRORS", "LAST-SEEN", "AGE"] if wide else ["AGE"]
     table = _table(columns)
     for n in (_typed(item, NodeSummary) for item in nodes):
         row: list[str | Text] = [
             n.name,
             _state(n.state),
-            str(n.adapters),
+            str(n.devices),
             f"{n.ports_active}/{n.ports_total}",
             str(n.gpus),
             _join(n.link_layers),
@@ -66,7 +66,7 @@ def render_nodes(
             row += [
                 _join(n.ports_down),
                 n.agent_version or NONE,
-                str(n.read_errors),
+                str(n.errors),
                 _timestamp(n.last_seen),
             ]
         table.add_row(*row, _age(n.age_s))
@@ -76,7 +76,7 @@ def render_nodes(
 def render_node(
     console: Console, detail: NodeDetail | Mapping[str, Any], *, wide: bool = False
 ) -> None:
-    """Header, per-adapter/port table and recent events of one node."""
+    """Header, per-device/port table and recent events of one node."""
     view = _typed(detail, NodeDetail)
     s = view.summary
     now = s.last_seen + s.age_s  # the server's clock at answer time
@@ -97,22 +97,22 @@ def render_node(
     header.add_row(
         "Summary:",
         Text(
-            f"{s.adapters} adapters, {s.ports_active}/{s.ports_total} ports up, "
+            f"{s.devices} RDMA devices, {s.ports_active}/{s.ports_total} ports up, "
             f"{s.gpus} GPUs, firmware {_join(s.firmware)}"
         ),
     )
     header.add_row("Down ports:", Text(_join(s.ports_down)))
-    if s.read_errors:
-        header.add_row("Read errors:", Text(str(s.read_errors)))
+    if s.errors:
+        header.add_row("Read errors:", Text(str(s.errors)))
     console.print(header)
     if snap is not None:
         console.print()
-        console.print(_ports_table(snap.adapters, wide=wide))
+        console.print(_ports_table(snap.devices, wide=wide))
         if wide and snap.gpus:
             console.print()
-            gpus = _table(["GPU-PCI", "NUMA", "NAME"])
+            gpus = _table(["GPU-PCI", "NUMA", "DEVICE-ID"])
             for gpu in snap.gpus:
-                gpus.add_row(gpu.pci.address, _opt(gpu.pci.numa_node), gpu.name or NONE)
+                gpus.add_row(gpu.pci_address, _opt(gpu.numa_node), gpu.device_id or NONE)
             console.print(gpus)
     events = view.events if wide else view.events[-RECENT_EVENTS:]
     console.print()
@@ -123,44 +123,40 @@ def render_node(
     console.print(_events_table(events, now))
 
 
-def _ports_table(adapters: Iterable[Adapter], *, wide: bool) -> Table:
-    columns = ["ADAPTER", "PCI", "NUMA", "PORT", "STATE", "PHYS", "RATE", "LINK", "NETDEV", "FW"]
+def _ports_table(devices: Iterable[Device], *, wide: bool) -> Table:
+    columns = ["DEVICE", "PCI", "NUMA", "PORT", "STATE", "PHYS", "RATE", "LINK", "NETDEV", "FW"]
     table = _table([*columns, "PCIE"] if wide else columns)
-    for adapter in adapters:
-        pci = adapter.pci
-        ident = [
-            adapter.name,
-            pci.address if pci else NONE,
-            _opt(pci.numa_node if pci else None),
-        ]
-        tail = [adapter.fw_ver or NONE]
+    for device in devices:
+        ident = [device.name, device.pci_address or NONE, _opt(device.numa_node)]
+        tail = [device.fw_ver or NONE]
         if wide:
-            tail.append(_pcie(adapter))
-        if not adapter.ports:
+            tail.append(_pcie(device))
+        if not device.ports:
             table.add_row(*ident, NONE, NONE, NONE, NONE, NONE, NONE, *tail)
-        for port in adapter.ports:
+        for port in device.ports:
             table.add_row(
                 *ident,
-                str(port.number),
+                str(port.port),
                 _port_state(port),
-                port.phys_state_name or NONE,
+                port.phys_state or NONE,
                 _rate(port.rate_gbps),
                 port.link_layer,
-                _join(_netdevs(adapter, port)),
+                _join(_netdevs(device, port)),
                 *tail,
             )
     return table
 
 
 def _events_table(events: Iterable[EventView], now: float) -> Table:
-    table = _table(["AGE", "KIND", "ADAPTER", "PORT", "CHANGE", "PHYS", "LATENCY"])
+    table = _table(["AGE", "KIND", "DEVICE", "PORT", "NETDEV", "CHANGE", "PHYS", "LATENCY"])
     for e in events:
         change = f"{e.old_state or '?'} -> {e.new_state}" if e.new_state else NONE
         table.add_row(
             _age(now - e.observed_at),
             e.kind,
-            e.adapter,
+            e.device or NONE,
             _opt(e.port),
+            e.netdev or NONE,
             change,
             e.phys_state or NONE,
             f"{e.latency_ms:.0f}ms",
@@ -186,19 +182,22 @@ def _typed(value: T | Mapping[str, Any], type_: type[T]) -> T:
     return value if isinstance(value, type_) else msgspec.convert(value, type_)
 
 
-def _netdevs(adapter: Adapter, port: Port) -> tuple[str, ...]:
-    if port.netdevs:
-        return port.netdevs
-    return tuple(nd.name for nd in adapter.netdevs if nd.port == port.number)
+def _netdevs(device: Device, port: Port) -> tuple[str, ...]:
+    matched = tuple(i.name for i in device.interfaces if i.port == port.port)
+    if matched or len(device.ports) > 1:
+        return matched
+    return device.netdevs  # one port: every netdev of the function belongs to it
 
 
-def _pcie(adapter: Adapter) -> str:
-    link = adapter.pci.link if adapter.pci else None
+def _pcie(device: Device) -> str:
+    link = device.pcie
     if link is None or link.current_speed_gts is None:
         return NONE
     text = f"{link.current_speed_gts:g}GT/s x{_opt(link.current_width)}"
     if link.max_speed_gts is not None:
         text += f" (max {link.max_speed_gts:g}GT/s x{_opt(link.max_width)})"
+    if link.degraded:
+        text += " DEGRADED"
     return text
 
 
@@ -207,7 +206,7 @@ def _state(state: str) -> Text:
 
 
 def _port_state(port: Port) -> Text:
-    return Text(port.state_name, style="" if port.state_name in ACTIVE_STATES else "red")
+    return Text(port.state, style="" if port.state in ACTIVE_STATES else "red")
 
 
 def _rate(gbps: float | None) -> str:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.api import ApiSettings, build_app
 from aggregator.fleet import Fleet
-from tests.builders import T0, adapter, counters, port, port_event, snapshot
+from tests.builders import T0, counters, device, port, port_event, snapshot
 
 NOW = T0 + 5
 STALE_AFTER = 30.0
@@ -61,17 +61,17 @@ def sample_fleet() -> Fleet:
     """gpu-001/gpu-002/roce-01 ready (gpu-002 lost mlx5_1/1), gpu-003 stale, gpu-010 no snapshot."""
     fleet = Fleet()
     ib = (
-        adapter("mlx5_0", pci="0000:3b:00.0", numa=0, netdev="ibp59s0"),
-        adapter("mlx5_1", pci="0000:86:00.0", numa=1),
+        device("mlx5_0", pci="0000:3b:00.0", numa=0, netdev="ibp59s0"),
+        device("mlx5_1", pci="0000:86:00.0", numa=1),
     )
-    fleet.apply_snapshot(snapshot("gpu-001", adapters=ib), T0)
+    fleet.apply_snapshot(snapshot("gpu-001", devices=ib), T0)
     fleet.apply_counters(counters("gpu-001", seq=3, collected_at=T0 + 1, rx=1234), T0 + 1)
-    fleet.apply_snapshot(snapshot("gpu-002", adapters=ib), T0)
-    fleet.apply_event(port_event("gpu-002", adapter="mlx5_1", observed_at=T0 + 2), T0 + 2.5)
-    fleet.apply_snapshot(snapshot("gpu-003", adapters=ib[:1]), T0 - 100)
+    fleet.apply_snapshot(snapshot("gpu-002", devices=ib), T0)
+    fleet.apply_event(port_event("gpu-002", device="mlx5_1", observed_at=T0 + 2), T0 + 2.5)
+    fleet.apply_snapshot(snapshot("gpu-003", devices=ib[:1]), T0 - 100)
     fleet.apply_counters(counters("gpu-010"), T0 + 3)
-    eth = (adapter("mlx5_0", ports=(port(1, rate=200.0, link_layer="Ethernet"),), fw="22.36.1010"),)
-    fleet.apply_snapshot(snapshot("roce-01", adapters=eth, gpus=0), T0 + 4)
+    eth = (device("mlx5_0", ports=(port(1, rate=200.0, link_layer="Ethernet"),), fw="22.36.1010"),)
+    fleet.apply_snapshot(snapshot("roce-01", devices=eth, gpus=0), T0 + 4)
     return fleet
 
 

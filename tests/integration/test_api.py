@@ -67,7 +67,7 @@ async def test_list_nodes_sorted_with_summaries(client: Client) -> None:
     }  # fmt: skip
     gpu2 = by_name["gpu-002"]
     assert gpu2["ports_down"] == ["mlx5_1/1"]
-    assert (gpu2["ports_active"], gpu2["ports_total"], gpu2["adapters"], gpu2["gpus"]) == (
+    assert (gpu2["ports_active"], gpu2["ports_total"], gpu2["devices"], gpu2["gpus"]) == (
         1,
         2,
         2,
@@ -139,9 +139,9 @@ async def test_node_detail(client: Client) -> None:
     assert isinstance(body, dict)
     assert body["summary"]["name"] == "gpu-001"
     assert body["summary"]["state"] == "ready"
-    assert body["snapshot"]["schema"] == "nicfleet.node-snapshot"
-    assert [a["name"] for a in body["snapshot"]["adapters"]] == ["mlx5_0", "mlx5_1"]
-    assert body["counters"]["ports"][0]["values"] == {"port_rcv_data": 1234}
+    assert body["snapshot"]["schema"] == "nicfleet.v1.NodeSnapshot"
+    assert [a["name"] for a in body["snapshot"]["devices"]] == ["mlx5_0", "mlx5_1"]
+    assert body["counters"]["ports"][0]["counters"] == {"port_rcv_data": 1234}
     assert (body["first_seen"], body["snapshot_received_at"], body["counters_received_at"]) == (
         T0, T0, T0 + 1,
     )  # fmt: skip
@@ -154,11 +154,11 @@ async def test_node_detail_shows_live_port_state_and_event_latency(
     harness.fleet.apply_event(port_event("gpu-001", observed_at=T0 + 3, seq=7), T0 + 3.04)
     body = await get_json(client, "/api/v1/nodes/gpu-001")
     assert isinstance(body, dict)
-    port = body["snapshot"]["adapters"][0]["ports"][0]
-    assert (port["state_name"], port["phys_state_name"], port["state"]) == ("DOWN", "Disabled", 1)
+    port = body["snapshot"]["devices"][0]["ports"][0]
+    assert (port["state"], port["phys_state"], port["state_id"]) == ("DOWN", "Disabled", 1)
     (event,) = body["events"]
     assert event["seq"] == 7
-    assert (event["kind"], event["adapter"], event["port"]) == ("port-state", "mlx5_0", 1)
+    assert (event["kind"], event["device"], event["port"]) == ("port-state", "mlx5_0", 1)
     assert (event["old_state"], event["new_state"]) == ("ACTIVE", "DOWN")
     assert (event["observed_at"], event["received_at"]) == (T0 + 3, T0 + 3.04)
     assert event["latency_ms"] == pytest.approx(40.0)

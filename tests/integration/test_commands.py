@@ -48,7 +48,7 @@ def test_agent_snapshot_of_captured_tree_prints_a_decodable_snapshot() -> None:
     done = run("-m", "agent", "snapshot", "--sysfs-root", str(root), "--node-name", "captured")
     assert done.returncode == 0, done.stderr
     snap = from_json(done.stdout, NodeSnapshot)
-    assert [a.name for a in snap.adapters] == ["hfi1_0", "mlx4_0", "mlx5_0"]
+    assert [a.name for a in snap.devices] == ["hfi1_0", "mlx4_0", "mlx5_0"]
 
 
 def test_aggregator_rejects_bad_listen_address() -> None:
@@ -85,7 +85,7 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     ]
     assert all(n["state"] == "ready" for n in summary["nodes"])
     downs = [e for e in summary["events"] if e["new_state"] == "DOWN"]
-    assert downs and downs[0]["adapter"] == "mlx5_3" and downs[0]["port"] == 1
+    assert downs and downs[0]["device"] == "mlx5_3" and downs[0]["port"] == 1
     assert isinstance(summary["fault_to_aggregator_ms"], int | float)
     assert summary["fault_to_aggregator_ms"] >= 0
     faulted = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-01")

@@ -88,10 +88,10 @@ async def test_agent_to_api_end_to_end(nats_server: NatsServer, tmp_path: Path) 
         assert detail is not None
         snap = detail["snapshot"]
         assert isinstance(snap, dict)
-        assert [a["name"] for a in snap["adapters"]] == [a.name for a in expected.adapters]
-        assert [a["fw_ver"] for a in snap["adapters"]] == [a.fw_ver for a in expected.adapters]
-        assert [[p["state_name"] for p in a["ports"]] for a in snap["adapters"]] == [
-            [p.state_name for p in a.ports] for a in expected.adapters
+        assert [a["name"] for a in snap["devices"]] == [a.name for a in expected.devices]
+        assert [a["fw_ver"] for a in snap["devices"]] == [a.fw_ver for a in expected.devices]
+        assert [[p["state"] for p in a["ports"]] for a in snap["devices"]] == [
+            [p.state for p in a.ports] for a in expected.devices
         ]
         # Counters flow too.
         await wait_until(
@@ -105,13 +105,13 @@ async def test_agent_to_api_end_to_end(nats_server: NatsServer, tmp_path: Path) 
             detail = await node_detail(agg, "e2e-ib-01")
             events = detail["events"] if detail else []
             assert isinstance(events, list)
-            return any(e["adapter"] == "mlx5_0" and e["new_state"] == "DOWN" for e in events)
+            return any(e["device"] == "mlx5_0" and e["new_state"] == "DOWN" for e in events)
 
         await wait_until(down_seen, what="port-down event in the API")
         record = agg.fleet.get("e2e-ib-01")
         assert record is not None and record.snapshot is not None
-        port = record.snapshot.adapters[0].ports[0]
-        assert port.state_name == "DOWN"
+        port = record.snapshot.devices[0].ports[0]
+        assert port.state == "DOWN"
 
 
 async def test_nats_restart_mid_run_aggregator_gets_next_snapshot(

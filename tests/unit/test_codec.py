@@ -14,15 +14,18 @@ from hypothesis import strategies as st
 
 from proto.codec import MAX_PAYLOAD, WIRE_TYPES, CodecError, decode, encode, from_json, to_json
 from proto.inventory import (
-    Adapter,
+    Device,
+    Gid,
     Gpu,
-    Module,
-    Netdev,
+    GpuNicRelation,
+    Interface,
+    ModuleInfo,
     NodeSnapshot,
-    PcieLink,
-    PciFunction,
+    Pcie,
+    Platform,
     Port,
     ReadError,
+    Sriov,
 )
 from proto.messages import (
     Alert,
@@ -41,51 +44,56 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def full_snapshot() -> NodeSnapshot:
-    pci = PciFunction(
-        address="0000:1a:00.0",
-        vendor="0x15b3",
-        device="0x1021",
+    port = Port(
+        port=1,
+        state="ACTIVE",
+        state_id=4,
+        phys_state="LinkUp",
+        phys_state_id=5,
+        link_layer="InfiniBand",
+        rate_gbps=400.0,
+        rate_lanes=4,
+        rate_speed="NDR",
+        lid=287,
+        sm_lid=1024,
+        gids=(Gid(index=0, gid="fe80:0000:0000:0000:58a2:e103:001b:2576", type="IB/RoCE v1"),),
+        pkeys=("0xffff",),
+        counters={"port_rcv_data": 10, "symbol_error": 0},
+        hw_counters={"out_of_buffer": 3},
+        rx_bytes=40,
+        tx_bytes=0,
+    )
+    device = Device(
+        name="mlx5_0",
+        pci_address="0000:1a:00.0",
+        vendor_id="0x15b3",
+        device_id="0x1021",
         class_code="0x020700",
         driver="mlx5_core",
         numa_node=0,
         local_cpulist="0-15",
-        link=PcieLink(current_speed_gts=32.0, current_width=16, max_speed_gts=32.0, max_width=16),
-        path=("pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"),
-    )
-    port = Port(
-        number=1,
-        state=4,
-        state_name="ACTIVE",
-        phys_state=5,
-        phys_state_name="LinkUp",
-        rate_gbps=400.0,
-        rate_lanes=4,
-        rate_speed="NDR",
-        link_layer="InfiniBand",
-        lid=287,
-        sm_lid=1024,
+        node_guid="58a2:e103:001b:2576",
+        fw_ver="28.41.1000",
         netdevs=("ib0",),
-        counters={"port_rcv_data": 10, "symbol_error": 0},
+        interfaces=(Interface(name="ib0", port=1, mtu=4092, operstate="up", carrier=True),),
+        char_devices=("/dev/infiniband/uverbs0",),
+        pcie=Pcie(current_speed_gts=32.0, current_width=16, max_speed_gts=32.0, max_width=16),
+        sriov=Sriov(totalvfs=8, numvfs=0),
+        pci_path=("pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"),
+        ports=(port,),
+        errors=(ReadError(path="/class/infiniband/mlx5_0/hw_rev", error="ENOENT"),),
     )
     return NodeSnapshot(
         node="gpu-01.example.com",
         agent_version="0.1.0",
         seq=3,
         collected_at=1764460800.25,
-        adapters=(
-            Adapter(
-                name="mlx5_0",
-                pci=pci,
-                node_guid="58a2:e103:001b:2576",
-                fw_ver="28.41.1000",
-                ports=(port,),
-                netdevs=(Netdev(name="ib0", port=1, mtu=4092, operstate="up", carrier=True),),
-                char_devices=("/dev/infiniband/uverbs0",),
-            ),
-        ),
-        gpus=(Gpu(pci=PciFunction(address="0000:18:00.0", vendor="0x10de")),),
-        modules=(Module(name="mlx5_core", version="24.10"),),
-        read_errors=(ReadError(path="/class/infiniband/mlx5_0/hw_rev", error="ENOENT"),),
+        devices=(device,),
+        gpus=(Gpu(pci_address="0000:18:00.0", numa_node=0, device_id="0x2330"),),
+        gpu_nic_topology=(GpuNicRelation(gpu="0000:18:00.0", nic="mlx5_0", relation="PIX"),),
+        modules={"mlx5_core": ModuleInfo(version="24.10", srcversion="ABCDEF")},
+        platform=Platform(iommu=True, peermem=True),
+        errors=(ReadError(path="/module/nvidia/version", error="ENOENT"),),
     )
 
 
@@ -96,7 +104,15 @@ ALL_MESSAGES: list[Any] = [
             node="gpu-01",
             seq=9,
             collected_at=1.5,
-            ports=(PortCounters(adapter="mlx5_0", port=1, values={"link_downed": 2}),),
+            ports=(
+                PortCounters(
+                    device="mlx5_0",
+                    port=1,
+                    counters={"link_downed": 2},
+                    rates={"counters/link_downed": 0.5},
+                    saturated=("counters/symbol_error",),
+                ),
+            ),
         ),
         id="counter-batch",
     ),
@@ -105,7 +121,7 @@ ALL_MESSAGES: list[Any] = [
             node="gpu-01",
             seq=1,
             kind="port-state",
-            adapter="mlx5_0",
+            device="mlx5_0",
             port=1,
             old_state="ACTIVE",
             new_state="DOWN",
@@ -171,24 +187,26 @@ def test_round_trip_msgpack_and_json(message: msgspec.Struct) -> None:
 @pytest.mark.parametrize("message", ALL_MESSAGES)
 def test_every_top_level_message_has_schema_and_version(message: msgspec.Struct) -> None:
     raw = msgspec.msgpack.decode(encode(message))
-    assert raw["schema"].startswith("nicfleet.")
+    assert raw["schema"] == f"nicfleet.v1.{type(message).__name__}"
     assert raw["version"] == 1
 
 
 def test_older_minimal_snapshot_still_decodes() -> None:
     snap = decode((DATA / "snapshot-v1-minimal.msgpack").read_bytes(), NodeSnapshot)
     assert snap.node == "gpu-old-01"
-    assert snap.adapters[0].ports[0].state_name == "ACTIVE"
-    assert snap.adapters[0].ports[0].counters == {}
-    assert snap.read_errors == ()
-    assert snap.adapters[0].pci is None
+    assert snap.devices[0].ports[0].state == "ACTIVE"
+    assert snap.devices[0].ports[0].counters == {}
+    assert snap.errors == ()
+    assert snap.devices[0].pcie is None
+    assert snap.platform.iommu is None
 
 
 def test_unknown_fields_are_ignored() -> None:
     batch = decode((DATA / "counters-v1-minimal.msgpack").read_bytes(), CounterBatch)
-    assert batch.ports[0].values == {"port_rcv_data": 123, "symbol_error": 0}
+    assert batch.ports[0].counters == {"port_rcv_data": 123, "symbol_error": 0}
+    assert batch.ports[0].rates == {}
     raw = msgspec.msgpack.decode(encode(full_snapshot()))
-    raw["adapters"][0]["ports"][0]["brand_new"] = [1, 2, 3]
+    raw["devices"][0]["ports"][0]["brand_new"] = [1, 2, 3]
     raw["from_the_future"] = {"a": 1}
     assert decode(msgspec.msgpack.encode(raw), NodeSnapshot) == full_snapshot()
 
@@ -207,18 +225,18 @@ def _mutated(path: tuple[Any, ...], value: Any) -> bytes:
     [
         pytest.param(_mutated(("seq",), "three"), "$.seq", id="wrong-type-top"),
         pytest.param(
-            _mutated(("adapters", 0, "ports", 0, "lid"), "0x1f"),
-            "$.adapters[0].ports[0].lid",
+            _mutated(("devices", 0, "ports", 0, "lid"), "0x1f"),
+            "$.devices[0].ports[0].lid",
             id="wrong-type-nested",
         ),
         pytest.param(
-            _mutated(("adapters", 0, "ports", 0, "state_name"), "SLEEPY"),
-            "$.adapters[0].ports[0].state_name",
+            _mutated(("devices", 0, "ports", 0, "state"), "SLEEPY"),
+            "$.devices[0].ports[0].state",
             id="bad-literal",
         ),
-        pytest.param(_mutated(("schema",), "nicfleet.alert"), "$.schema", id="other-schema"),
+        pytest.param(_mutated(("schema",), "nicfleet.v1.Alert"), "$.schema", id="other-schema"),
         pytest.param(
-            msgspec.msgpack.encode({"schema": "nicfleet.node-snapshot"}), "$", id="missing"
+            msgspec.msgpack.encode({"schema": "nicfleet.v1.NodeSnapshot"}), "$", id="missing"
         ),
         pytest.param(encode(full_snapshot())[:-5], "$", id="truncated"),
         pytest.param(b"\xc1\xff\x00garbage", "$", id="garbage"),
@@ -236,7 +254,7 @@ def test_bad_payloads_raise_codec_error_naming_the_field(payload: bytes, path: s
 
 def test_missing_field_is_named() -> None:
     with pytest.raises(CodecError, match="node"):
-        decode(msgspec.msgpack.encode({"schema": "nicfleet.node-snapshot"}), NodeSnapshot)
+        decode(msgspec.msgpack.encode({"schema": "nicfleet.v1.NodeSnapshot"}), NodeSnapshot)
 
 
 def test_oversize_payload_is_refused_before_decoding() -> None:
@@ -247,7 +265,7 @@ def test_oversize_payload_is_refused_before_decoding() -> None:
 def test_bad_json_is_a_codec_error() -> None:
     with pytest.raises(CodecError, match=r"\$\.generation"):
         from_json(
-            b'{"schema":"nicfleet.desired-config","node":"a","generation":"x"}', DesiredConfig
+            b'{"schema":"nicfleet.v1.DesiredConfig","node":"a","generation":"x"}', DesiredConfig
         )
 
 

@@ -14,16 +14,16 @@ from aggregator.fleet import (
     summarize,
 )
 from proto.inventory import NodeSnapshot
-from tests.builders import T0, adapter, counters, port, port_event, snapshot
+from tests.builders import T0, counters, device, port, port_event, snapshot
 
 
 def port_of(
     snap: NodeSnapshot | None, name: str = "mlx5_0", number: int = 1
 ) -> tuple[str, str | None]:
     assert snap is not None
-    a = next(a for a in snap.adapters if a.name == name)
-    p = next(p for p in a.ports if p.number == number)
-    return p.state_name, p.phys_state_name
+    a = next(a for a in snap.devices if a.name == name)
+    p = next(p for p in a.ports if p.port == number)
+    return p.state, p.phys_state
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_counters_follow_the_same_rule_and_keep_the_snapshot() -> None:
     record = fleet.get("gpu-001")
     assert record is not None
     assert record.counters is not None
-    assert record.counters.ports[0].values["port_rcv_data"] == 5
+    assert record.counters.ports[0].counters["port_rcv_data"] == 5
     assert record.snapshot is snap
     assert (record.counters_received_at, record.last_seen, record.first_seen) == (T0 + 20,) * 2 + (
         T0,
@@ -126,15 +126,15 @@ def test_port_event_out_of_order_does_not_undo_newer_state() -> None:
 
 
 def test_port_event_touches_only_its_port_and_updates_state_code() -> None:
-    two = adapter("mlx5_1", ports=(port(1), port(2)))
+    two = device("mlx5_1", ports=(port(1), port(2)))
     fleet = Fleet()
-    fleet.apply_snapshot(snapshot(adapters=(adapter(), two)), T0)
-    record = fleet.apply_event(port_event(adapter="mlx5_1", port=2, phys=None), T0 + 1)
+    fleet.apply_snapshot(snapshot(devices=(device(), two)), T0)
+    record = fleet.apply_event(port_event(device="mlx5_1", port=2, phys=None), T0 + 1)
     assert port_of(record.snapshot, "mlx5_1", 2) == ("DOWN", "LinkUp")  # phys unknown: kept
     assert port_of(record.snapshot, "mlx5_1", 1) == ("ACTIVE", "LinkUp")
     assert port_of(record.snapshot, "mlx5_0", 1) == ("ACTIVE", "LinkUp")
     assert record.snapshot is not None
-    assert record.snapshot.adapters[1].ports[1].state == 1
+    assert record.snapshot.devices[1].ports[1].state_id == 1
     summary = summarize(record, T0 + 1, 30)
     assert summary.ports_down == ("mlx5_1/2",)
     assert (summary.ports_active, summary.ports_total) == (2, 3)
@@ -144,7 +144,7 @@ def test_event_for_unknown_port_keeps_snapshot_object() -> None:
     fleet = Fleet()
     snap = snapshot()
     fleet.apply_snapshot(snap, T0)
-    record = fleet.apply_event(port_event(adapter="mlx5_9"), T0 + 1)
+    record = fleet.apply_event(port_event(device="mlx5_9"), T0 + 1)
     assert record.snapshot is snap
 
 
@@ -190,26 +190,26 @@ def test_any_message_keeps_a_node_fresh() -> None:
 
 
 def test_summary_fields() -> None:
-    ib = adapter("mlx5_0", ports=(port(1, rate=400.0),), fw="28.39.1002")
-    eth = adapter(
+    ib = device("mlx5_0", ports=(port(1, rate=400.0),), fw="28.39.1002")
+    eth = device(
         "mlx5_1", ports=(port(1, "DOWN", rate=200.0, link_layer="Ethernet"),), fw="22.36.1010"
     )
-    nofw = adapter("mlx5_2", ports=(), fw=None)
+    nofw = device("mlx5_2", ports=(), fw=None)
     fleet = Fleet()
-    record = fleet.apply_snapshot(snapshot(adapters=(ib, eth, nofw), gpus=4), T0)
+    record = fleet.apply_snapshot(snapshot(devices=(ib, eth, nofw), gpus=4), T0)
     s = summarize(record, T0 + 12, 30)
-    assert (s.name, s.state, s.adapters, s.gpus) == ("gpu-001", "ready", 3, 4)
+    assert (s.name, s.state, s.devices, s.gpus) == ("gpu-001", "ready", 3, 4)
     assert (s.ports_total, s.ports_active, s.ports_down) == (2, 1, ("mlx5_1/1",))
     assert s.link_layers == ("Ethernet", "InfiniBand")
     assert s.max_rate_gbps == 400.0
     assert s.firmware == ("22.36.1010", "28.39.1002")
-    assert (s.last_seen, s.age_s, s.agent_version, s.read_errors) == (T0, 12.0, "0.1.0", 0)
+    assert (s.last_seen, s.age_s, s.agent_version, s.errors) == (T0, 12.0, "0.1.0", 0)
 
 
 def test_summary_without_snapshot() -> None:
     record = NodeRecord(name="gpu-009", first_seen=T0, last_seen=T0)
     s = summarize(record, T0, 30)
-    assert (s.state, s.adapters, s.ports_total, s.max_rate_gbps, s.agent_version) == (
+    assert (s.state, s.devices, s.ports_total, s.max_rate_gbps, s.agent_version) == (
         "no-snapshot", 0, 0, None, None,
     )  # fmt: skip
 
