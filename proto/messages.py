@@ -109,8 +109,9 @@ class ResourceConfig(Base, frozen=True, kw_only=True, rename="camel"):
     resource_name: str
     resource_prefix: str = "rdma"
     rdma_hca_max: int = 0
-    selectors: Selectors = Selectors()
+    selectors: Selectors | None = None
     devices: tuple[str, ...] = ()  # deprecated in the upstream plugin, still accepted
+    exclusive: bool = False  # nicfleet: one device ID per adapter instead of shared slots
 
 
 class DevicePluginConfig(Base, frozen=True, kw_only=True, rename="camel"):
