@@ -14,7 +14,7 @@ import msgspec
 from msgspec.structs import replace
 
 from proto.inventory import NodeSnapshot, Port, PortStateName
-from proto.messages import CounterBatch, LinkEvent
+from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
@@ -47,6 +47,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     last_seen: float
     snapshot_received_at: float | None = None
     counters_received_at: float | None = None
+    device_plugin: DevicePluginStatus | None = None
+    device_plugin_received_at: float | None = None
 
 
 class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +89,7 @@ class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_received_at: float | None
     counters: CounterBatch | None
     counters_received_at: float | None
+    device_plugin: DevicePluginStatus | None
     events: tuple[EventView, ...]  # oldest first
 
 
@@ -173,6 +176,23 @@ class Fleet:
                 record,
                 counters=batch,
                 counters_received_at=received_at,
+                last_seen=max(record.last_seen, received_at),
+            )
+        )
+
+    def apply_status(self, status: DevicePluginStatus, received_at: float) -> NodeRecord:
+        """Store the device plugin's status unless an equal-or-newer one is stored."""
+        old = self._records.get(status.node)
+        record = old or _new_record(status.node, received_at)
+        stored = record.device_plugin
+        if stored is not None and status.observed_at <= stored.observed_at:
+            self.ignored += 1
+            return record
+        return self._store(
+            replace(
+                record,
+                device_plugin=status,
+                device_plugin_received_at=received_at,
                 last_seen=max(record.last_seen, received_at),
             )
         )
@@ -312,6 +332,7 @@ def describe(record: NodeRecord, now: float, stale_after: float) -> NodeDetail:
         snapshot_received_at=record.snapshot_received_at,
         counters=record.counters,
         counters_received_at=record.counters_received_at,
+        device_plugin=record.device_plugin,
         events=tuple(_event_view(r) for r in record.events),
     )
 

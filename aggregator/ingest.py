@@ -66,7 +66,7 @@ class Ingest:
                 status = decode(data, DevicePluginStatus)
                 if status.node != node:
                     return self._mismatch(kind, subject, status.node)
-                # Device-plugin status lands in the fleet with the device-plugin issue.
+                self._fleet.apply_status(status, now)
         except CodecError as exc:
             return self._reject(kind, "decode", subject, str(exc))
         self._metrics.messages.labels(kind).inc()

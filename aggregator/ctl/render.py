@@ -114,6 +114,17 @@ def render_node(
             for gpu in snap.gpus:
                 gpus.add_row(gpu.pci_address, _opt(gpu.numa_node), gpu.device_id or NONE)
             console.print(gpus)
+    plugin = view.device_plugin
+    if plugin is not None:
+        console.print()
+        registered = "registered" if plugin.registered else "NOT registered"
+        console.print(
+            Text(f"Device plugin (config generation {plugin.config_generation}, {registered}):")
+        )
+        resources = _table(["RESOURCE", "ADVERTISED", "HEALTHY", "DEVICES"])
+        for res in plugin.resources:
+            resources.add_row(res.name, str(res.advertised), str(res.healthy), _join(res.devices))
+        console.print(resources)
     events = view.events if wide else view.events[-RECENT_EVENTS:]
     console.print()
     if not events:

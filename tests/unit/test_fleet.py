@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from aggregator.fleet import (
@@ -14,6 +15,7 @@ from aggregator.fleet import (
     summarize,
 )
 from proto.inventory import NodeSnapshot
+from proto.messages import DevicePluginStatus, ResourceStatus
 from tests.builders import T0, counters, device, port, port_event, snapshot
 
 
@@ -237,3 +239,23 @@ def test_load_replaces_and_updates_are_per_node() -> None:
     assert "gpu-001" in fleet
     assert [r.name for r in fleet.records()] == ["gpu-001", "gpu-002"]
     assert Fleet([loaded]).get("gpu-002") is loaded
+
+
+def test_device_plugin_status_is_kept_newest_first() -> None:
+    fleet = Fleet()
+    first = DevicePluginStatus(
+        node="gpu-001",
+        config_generation=1,
+        registered=True,
+        resources=(ResourceStatus(name="rdma/ib", advertised=8, healthy=8),),
+        observed_at=T0,
+    )
+    record = fleet.apply_status(first, T0)
+    assert record.device_plugin is first
+    older = msgspec.structs.replace(first, observed_at=T0 - 1, config_generation=0)
+    assert fleet.apply_status(older, T0 + 1).device_plugin is first
+    assert fleet.ignored == 1
+    newer = msgspec.structs.replace(first, observed_at=T0 + 2, registered=False)
+    assert fleet.apply_status(newer, T0 + 2).device_plugin is newer
+    detail = describe(fleet.get("gpu-001") or record, T0 + 3, 30.0)
+    assert detail.device_plugin is newer
