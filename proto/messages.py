@@ -74,10 +74,22 @@ class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfle
 
 
 class ResourceStatus(Base, frozen=True, kw_only=True):
+    """One advertised resource as the agent's device plugin serves it."""
+
     name: str  # rdma/hca_shared_devices_a
-    advertised: int = 0
+    advertised: int = 0  # device IDs in the ListAndWatch list
     healthy: int = 0
-    devices: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()  # selected adapters (RDMA device names)
+    exclusive: bool = False  # one device ID per adapter instead of shared slots
+    excluded: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> reason
+    unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # selected adapter -> why
+    # starting | waiting | registering | registered | retrying | rejected | stopped; a plain
+    # string on the wire so that a state added later never fails an older decoder.
+    registration: str = "starting"
+    registration_mode: str | None = None  # legacy | watcher
+    registration_error: str | None = None  # the last failure, kept while retrying
+    registration_attempts: int = 0  # failed attempts since the last success
+    endpoint: str | None = None  # the plugin's socket path
 
 
 class DevicePluginStatus(
@@ -119,6 +131,7 @@ class DevicePluginConfig(Base, frozen=True, kw_only=True, rename="camel"):
 
     periodic_update_interval: int = 60
     config_list: tuple[ResourceConfig, ...] = ()
+    kubelet_root_dir: str | None = None  # newer upstream ConfigMaps carry it
 
 
 class DesiredConfig(

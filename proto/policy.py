@@ -12,6 +12,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.messages import DevicePluginConfig
 
 API_VERSION = "nicfleet.io/v1alpha1"
@@ -87,6 +88,7 @@ def load_policies(text: str, *, source: str) -> tuple[Policy, ...]:
     policies: list[Policy] = []
     names: set[str] = set()
     for index, document in enumerate(documents):
+        document, plugin_config = _split_plugin_config(document)
         try:
             policy = msgspec.convert(document, Policy)
         except msgspec.ValidationError as exc:
@@ -100,8 +102,39 @@ def load_policies(text: str, *, source: str) -> tuple[Policy, ...]:
             )
         names.add(policy.metadata.name)
         _check_semantics(policy, source, index)
+        if plugin_config is not None:
+            policy = _with_plugin_config(policy, plugin_config, source, index)
         policies.append(policy)
     return tuple(policies)
+
+
+def _split_plugin_config(document: Any) -> tuple[Any, Any]:
+    """The document without spec.rdmaSharedDevicePlugin, and that part on its own: it is
+    checked by proto.dpconfig, the validator the agent uses too, not by the lenient wire
+    Struct the policy field is typed with."""
+    spec = document.get("spec") if isinstance(document, dict) else None
+    if not isinstance(spec, dict) or spec.get("rdmaSharedDevicePlugin") is None:
+        return document, None
+    rest = {key: value for key, value in spec.items() if key != "rdmaSharedDevicePlugin"}
+    return {**document, "spec": rest}, spec["rdmaSharedDevicePlugin"]
+
+
+def _with_plugin_config(policy: Policy, raw: Any, source: str, index: int) -> Policy:
+    where = f"document {index}: $.spec.rdmaSharedDevicePlugin"
+    if not isinstance(raw, dict):
+        # parse_device_plugin_config would read a string as JSON/YAML text; here the
+        # document is embedded as YAML, never as a string holding it (NicClusterPolicy's way).
+        raise PolicyError(source, where, "must be a mapping (the config document itself)")
+    try:
+        config = parse_device_plugin_config(raw, source=source)
+    except ConfigError as exc:
+        path = where if exc.path == "$" else f"{where}.{exc.path}"
+        reason = exc.reason
+        if exc.resource_name is not None:
+            reason = f"{reason} (resourceName {exc.resource_name!r})"
+        raise PolicyError(source, path, reason) from None
+    spec = msgspec.structs.replace(policy.spec, rdma_shared_device_plugin=config)
+    return msgspec.structs.replace(policy, spec=spec)
 
 
 def _check_semantics(policy: Policy, source: str, index: int) -> None:
@@ -123,18 +156,3 @@ def _check_semantics(policy: Policy, source: str, index: int) -> None:
                 f"operator {requirement.operator} "
                 + ("needs values" if needs_values else "takes no values"),
             )
-    config = policy.spec.rdma_shared_device_plugin
-    if config is None:
-        return
-    seen: set[str] = set()
-    for i, resource in enumerate(config.config_list):
-        path = f"{where}.rdmaSharedDevicePlugin.configList[{i}]"
-        if not resource.resource_name:
-            raise PolicyError(source, f"{path}.resourceName", "must not be empty")
-        if resource.resource_name in seen:
-            raise PolicyError(
-                source, f"{path}.resourceName", f"duplicate {resource.resource_name!r}"
-            )
-        seen.add(resource.resource_name)
-        if resource.rdma_hca_max < 0:
-            raise PolicyError(source, f"{path}.rdmaHcaMax", "must be >= 0")

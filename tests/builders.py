@@ -55,6 +55,45 @@ def device(
     )
 
 
+def nic(
+    name: str = "mlx5_0",
+    *,
+    index: int = 0,
+    netdevs: tuple[str, ...] = ("ib0",),
+    link_layer: LinkLayer = "InfiniBand",
+    state: PortStateName = "ACTIVE",
+    vendor: str | None = "0x15b3",
+    device_id: str | None = "0x1021",
+    driver: str | None = "mlx5_core",
+    pci: str | None = None,
+    numa: int | None = 0,
+    char_devices: tuple[str, ...] | None = None,
+    rdma_cm: bool = True,
+) -> Device:
+    """An RDMA adapter with one port per netdev (at least one), as the agent reports it:
+    netdev types from the link layer, uverbs<index>, umad/issm per port, rdma_cm."""
+    count = max(len(netdevs), 1)
+    arphrd = 1 if link_layer == "Ethernet" else 32
+    phys = "LinkUp" if state == "ACTIVE" else "Disabled"
+    if char_devices is None:
+        mads = [f"{kind}{index * 2 + p}" for kind in ("umad", "issm") for p in range(count)]
+        char_devices = tuple(f"/dev/infiniband/{n}" for n in (*mads, f"uverbs{index}"))
+    if rdma_cm:
+        char_devices = (*char_devices, "/dev/infiniband/rdma_cm")
+    return Device(
+        name=name,
+        pci_address=pci if pci is not None else f"0000:{0x19 + index:02x}:00.0",
+        vendor_id=vendor,
+        device_id=device_id,
+        driver=driver,
+        numa_node=numa,
+        netdevs=netdevs,
+        interfaces=tuple(Interface(name=n, port=i + 1, type=arphrd) for i, n in enumerate(netdevs)),
+        char_devices=char_devices,
+        ports=tuple(port(i + 1, state, link_layer=link_layer, phys=phys) for i in range(count)),
+    )
+
+
 def snapshot(
     node: str = "gpu-001",
     *,
