@@ -1,6 +1,7 @@
-"""Pure change detection: which link events turn one observation into the next.
+"""Pure change detection for RDMA ports: which link events turn one poll into the next.
 
-No I/O and no clock: the caller passes both observations and the time.
+No I/O and no clock: the caller passes both observations and the time. Netdev changes
+(from netlink) are `agent.linkevents`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from proto.inventory import PortStateName
 from proto.messages import LinkEvent
 
-# (adapter, port number) -> (state name, physical state name)
+# (RDMA device, port number) -> (state name, physical state name)
 PortStates = dict[tuple[str, int], tuple[PortStateName, str | None]]
 
 
@@ -17,17 +18,17 @@ def diff_port_states(
 ) -> list[LinkEvent]:
     """Pure: the link events that turn `old` port states into `new` ones."""
     events: list[LinkEvent] = []
-    old_adapters = {adapter for adapter, _ in old}
-    new_adapters = {adapter for adapter, _ in new}
-    for adapter in sorted(new_adapters - old_adapters):
+    old_devices = {device for device, _ in old}
+    new_devices = {device for device, _ in new}
+    for device in sorted(new_devices - old_devices):
         seq += 1
         events.append(
-            LinkEvent(node=node, seq=seq, kind="device-added", adapter=adapter, observed_at=now)
+            LinkEvent(node=node, seq=seq, kind="device-added", device=device, observed_at=now)
         )
-    for adapter in sorted(old_adapters - new_adapters):
+    for device in sorted(old_devices - new_devices):
         seq += 1
         events.append(
-            LinkEvent(node=node, seq=seq, kind="device-removed", adapter=adapter, observed_at=now)
+            LinkEvent(node=node, seq=seq, kind="device-removed", device=device, observed_at=now)
         )
     for key in sorted(new.keys() & old.keys()):
         (old_state, old_phys), (new_state, new_phys) = old[key], new[key]
@@ -39,7 +40,7 @@ def diff_port_states(
                 node=node,
                 seq=seq,
                 kind="port-state",
-                adapter=key[0],
+                device=key[0],
                 port=key[1],
                 old_state=old_state,
                 new_state=new_state,

@@ -23,8 +23,10 @@ from agent import __version__
 from agent.errors import AgentError
 from agent.inventory import collect_snapshot
 from agent.lab.cli import lab
-from agent.service import AgentService, AgentSettings
+from agent.netlink import NetlinkUnavailable, netns_path
+from agent.service import AgentService, AgentSettings, with_verbs
 from agent.sysfs import Sysfs
+from agent.verbs import probe_verbs
 from proto.codec import to_json
 from proto.subjects import InvalidNodeName, validate_node_name
 
@@ -53,8 +55,30 @@ def _sysfs(root: Path) -> Sysfs:
         raise
 
 
+def _probe_verbs(mode: str, sysfs_root: Path) -> bool:
+    # The probe describes the host the agent runs on; pinning its answer on a lab or
+    # captured tree read through --sysfs-root would misreport that tree.
+    if mode == "auto":
+        return sysfs_root.resolve() == Path("/sys")
+    return mode == "on"
+
+
 def _host_options(command: Callable[..., None]) -> Callable[..., None]:
-    """--sysfs-root and --node-name, shared by every command that reads a host."""
+    """--sysfs-root, --node-name and the verbs probe, shared by every command that reads
+    a host."""
+    command = click.option(
+        "--verbs-path",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="Directory holding the pyverbs package when it is not importable as is "
+        "(Debian: /usr/lib/python3/dist-packages). Only pyverbs is loaded from it.",
+    )(command)
+    command = click.option(
+        "--verbs",
+        type=click.Choice(["auto", "on", "off"]),
+        default="auto",
+        show_default=True,
+        help="Probe libibverbs (pyverbs) for platform.verbs; auto: only when reading /sys.",
+    )(command)
     command = click.option(
         "--node-name", help="Node name (DNS-1123). Default: this host's short name."
     )(command)
@@ -87,11 +111,15 @@ def main(verbose: int) -> None:
     show_default=True,
     help="Output format.",
 )
-def snapshot(sysfs_root: Path, node_name: str | None, output: str) -> None:
+def snapshot(
+    sysfs_root: Path, node_name: str | None, verbs: str, verbs_path: Path | None, output: str
+) -> None:
     """Print one node snapshot as JSON: the same data that `run` publishes."""
     node = _node_name(node_name)
     sysfs = _sysfs(sysfs_root)
     snap = collect_snapshot(sysfs, node=node, seq=1, now=time.time(), agent_version=__version__)
+    if _probe_verbs(verbs, sysfs_root):
+        snap = with_verbs(snap, probe_verbs(search_path=verbs_path))
     sys.stdout.buffer.write(to_json(snap) + b"\n")
 
 
@@ -110,31 +138,60 @@ def snapshot(sysfs_root: Path, node_name: str | None, output: str) -> None:
     type=click.FloatRange(min=0.01),
     default=0.1,
     show_default=True,
-    help="Seconds between port-state polls.",
+    help="Seconds between port-state polls (sysfs has no change notification).",
 )
 @click.option(
+    "--inventory-interval",
     "--snapshot-interval",
+    "inventory_interval",
     type=click.FloatRange(min=1.0),
     default=300.0,
     show_default=True,
-    help="Seconds between full snapshots (anti-entropy).",
+    help="Seconds between full inventory re-reads (each published as a snapshot) when "
+    "no event triggered one. --snapshot-interval is the older name.",
+)
+@click.option(
+    "--netns",
+    metavar="NAME|PATH",
+    help="Watch netdevs in this network namespace (an `ip netns` name, or a path such "
+    "as /proc/PID/ns/net) instead of the agent's own. For tests and labs.",
+)
+@click.option(
+    "--no-netlink",
+    is_flag=True,
+    help="Do not watch netlink; netdev changes are then only seen in periodic snapshots.",
 )
 def run(
     nats_url: str,
     sysfs_root: Path,
     node_name: str | None,
+    verbs: str,
+    verbs_path: Path | None,
     counter_interval: float,
     state_poll_interval: float,
-    snapshot_interval: float,
+    inventory_interval: float,
+    netns: str | None,
+    no_netlink: bool,
 ) -> None:
-    """Publish a snapshot on start, counters every second and port events as they happen."""
+    """Publish a snapshot on start, counters every second and link events as they happen."""
+    if netns is not None:
+        if no_netlink:
+            _fail("--netns: has no effect together with --no-netlink")
+        try:
+            netns_path(netns)
+        except NetlinkUnavailable as exc:
+            _fail(f"--netns: {exc}")
     settings = AgentSettings(
         node_name=_node_name(node_name),
         sysfs_root=sysfs_root,
         nats_url=nats_url,
         counter_interval=counter_interval,
         state_poll_interval=state_poll_interval,
-        snapshot_interval=snapshot_interval,
+        inventory_interval=inventory_interval,
+        netlink=not no_netlink,
+        netns=netns,
+        verbs=_probe_verbs(verbs, sysfs_root),
+        verbs_path=verbs_path,
     )
     _sysfs(sysfs_root)  # fail fast, before any connection attempt
     if logging.getLogger().level > logging.INFO:

@@ -1,11 +1,12 @@
-"""The agent's exception tree; retryable vs permanent is a type, never a string.
+"""The agent's exception tree and the log of per-file read errors.
 
 Readers translate OS errors into these at their boundary (`raise X(...) from exc`); the
-shell decides what is fatal. Nothing here does I/O.
+shell decides what is fatal; retryable vs permanent is a type, never a string. No I/O.
 
     AgentError
     ├── SysfsRootError      the --sysfs-root is missing or is not a sysfs tree (permanent)
     ├── ReadFailed          one file could not be read (per file: record it, go on)
+    │   └── CollectionTimeout  a whole collection kept blocking in the kernel (retry later)
     └── ParseError          a file's text is not in the kernel's format (also a ValueError)
 """
 
@@ -43,6 +44,13 @@ class ReadFailed(AgentError):
         return ReadError(path=self.path, error=self.error)
 
 
+class CollectionTimeout(ReadFailed):
+    """Reads kept blocking past the time bound, more often than a collection retries.
+
+    `path` names the last file a read was stuck on ("/" when none was in flight).
+    """
+
+
 class ParseError(AgentError, ValueError):
     """Text that is not in the format the kernel writes; names what was being parsed."""
 
@@ -51,3 +59,34 @@ class ParseError(AgentError, ValueError):
         self.text = text
         self.reason = reason
         super().__init__(f"cannot parse {what} from {text[:80]!r}: {reason}")
+
+    def short(self) -> str:
+        """How a snapshot's `errors` list shows this: `empty` or `unparsable: '<text>'`."""
+        value = self.text.strip()
+        return "empty" if not value else f"unparsable: {value[:40]!r}"
+
+
+class ReadErrorLog:
+    """The per-file read errors of one collection; the first error per path wins."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, str] = {}
+
+    def record(self, path: str, error: str) -> None:
+        self._errors.setdefault(path, error)
+
+    def add(self, failure: ReadFailed) -> None:
+        self.record(failure.path, failure.error)
+
+    def get(self, path: str) -> str | None:
+        return self._errors.get(path)
+
+    def __len__(self) -> int:
+        return len(self._errors)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._errors
+
+    def to_tuple(self) -> tuple[ReadError, ...]:
+        """Every recorded error as wire structs, sorted by path."""
+        return tuple(ReadError(path=p, error=e) for p, e in sorted(self._errors.items()))

@@ -1,8 +1,8 @@
-"""Pure parsers for the text the kernel writes in sysfs (RDMA core, PCI, net).
+"""Pure parsers for the text the kernel writes in sysfs for RDMA devices and netdevs.
 
 Each function takes the raw text of one file (trailing newline and all) and returns a
 value or raises `ParseError` naming what it was parsing. No I/O, no clock, no logging:
-formats follow drivers/infiniband/core/sysfs.c, drivers/pci/pci-sysfs.c, net-sysfs.c.
+formats follow drivers/infiniband/core/sysfs.c and net-sysfs.c (PCI: agent.pciparse).
 """
 
 from __future__ import annotations
@@ -31,39 +31,26 @@ LINK_LAYERS: Final[dict[str, LinkLayer]] = {
 OPERSTATES: Final = frozenset(
     {"unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"}
 )
-NVIDIA_VENDOR: Final = "0x10de"
-# PCI class prefixes (base class + subclass) of GPUs: 3D controller (H100, A100) and VGA.
-GPU_CLASS_PREFIXES: Final = ("0x0302", "0x0300")
-# Counters the kernel reports in 4-octet units (IBTA PortXmitData/PortRcvData), keyed the
-# way `counter_key` names them.
-DATA_COUNTERS: Final = frozenset(
-    {
-        "port_xmit_data",
-        "port_rcv_data",
-        "counters_ext/port_xmit_data_64",
-        "counters_ext/port_rcv_data_64",
-    }
-)
 NO_PMA: Final = "N/A (no PMA)"
+_NO_PMA_BYTES: Final = NO_PMA.encode()
 _U64_MAX: Final = 2**64 - 1
+# A 32-bit PortXmitData/PortRcvData stuck at its maximum (pre-extended-counter HCAs).
+U32_SATURATED: Final = 2**32 - 1
+ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
 
-_NUMBERED = re.compile(r"(?P<num>\d+): (?P<name>\S(?:.*\S)?)")
+# re.ASCII everywhere: \d and \s must not accept Unicode digits or spaces from junk files.
+_NUMBERED = re.compile(r"(?P<num>[0-9]+): (?P<name>\S(?:.*\S)?)", re.ASCII)
 _RATE = re.compile(
-    r"(?P<gbps>\d+(?:\.\d+)?) Gb/sec"
-    r"(?: \((?P<lanes>\d+)X(?: (?P<speed>[A-Za-z][A-Za-z0-9]*))?\))?"
+    r"(?P<gbps>[0-9]+(?:\.[0-9]+)?) Gb/sec"
+    r"(?: \((?P<lanes>[0-9]+)X(?: (?P<speed>[A-Za-z][A-Za-z0-9]*))?\))?",
+    re.ASCII,
 )
-_HEX = re.compile(r"(?:0[xX])?(?P<digits>[0-9a-fA-F]+)")
-_GUID = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){3}")
-_LINK_SPEED = re.compile(r"(?P<gts>\d+(?:\.\d+)?) GT/s(?: PCIe)?")
-_PCI_ADDRESS = re.compile(
-    r"(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])"
-)
-_HOST_BRIDGE = re.compile(r"pci[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}")
-_PCI_ID = re.compile(r"0x[0-9a-fA-F]{4}")
-_PCI_CLASS = re.compile(r"0x[0-9a-fA-F]{6}")
-_CPULIST = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
-_DECIMAL = re.compile(r"-?\d+")
-_HWADDR = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2})*")
+_HEX = re.compile(r"(?:0[xX])?(?P<digits>[0-9a-fA-F]{1,16})", re.ASCII)
+_GUID = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){3}", re.ASCII)
+_GID = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}", re.ASCII)
+_DECIMAL = re.compile(r"-?[0-9]+", re.ASCII)
+_HWADDR = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2})*", re.ASCII)
+_DIGIT_RUNS = re.compile(r"([0-9]+)", re.ASCII)
 
 
 def _numbered(text: str, what: str) -> tuple[int, str]:
@@ -114,8 +101,7 @@ def parse_link_layer(text: str) -> LinkLayer:
 
     Some kernels emit a blank second line after the value ("InfiniBand\\n\\n").
     """
-    value = text.strip()
-    link_layer = LINK_LAYERS.get(value.lower())
+    link_layer = LINK_LAYERS.get(text.strip().lower())
     if link_layer is None:
         raise ParseError("port link_layer", text, "expected InfiniBand, Ethernet or Unknown")
     return link_layer
@@ -129,6 +115,11 @@ def parse_hex_int(text: str, what: str = "hex integer") -> int:
     return int(match["digits"], 16)
 
 
+def parse_hex_text(text: str, what: str) -> str:
+    """A hex register kept as text (`cap_mask` `"0xa751e848"`), normalised to `0x` + lower."""
+    return f"0x{parse_hex_int(text, what):08x}"
+
+
 def parse_guid(text: str, what: str = "GUID") -> str:
     """`"0a7f:bc12:45ef:d23b"` (4 groups of 4 hex digits), lower-cased.
 
@@ -140,53 +131,65 @@ def parse_guid(text: str, what: str = "GUID") -> str:
     return value.lower()
 
 
-def parse_counter(text: str) -> int | None:
+def parse_gid(text: str) -> str:
+    """A GID table entry, 8 groups of 4 hex digits (`%pI6` without compression), lowered."""
+    value = text.strip()
+    if _GID.fullmatch(value) is None:
+        raise ParseError("GID", text, "expected 8 colon-separated groups of 4 hex digits")
+    return value.lower()
+
+
+def parse_pkey(text: str) -> str:
+    """A P_Key table entry, printed "0x%04x": normalised to `0x` + 4 lower hex digits."""
+    value = parse_hex_int(text, "P_Key")
+    if value > 0xFFFF:
+        raise ParseError("P_Key", text, "wider than 16 bits")
+    return f"0x{value:04x}"
+
+
+def parse_counter(data: bytes | str) -> int | None:
     """A counter file's value; `"N/A (no PMA)"` (no performance management agent) -> None.
 
-    The value is returned as the kernel printed it: PMA error counters saturate at their
-    width (4294967295 for a 32-bit one) and that saturation is information, not garbage.
+    Takes bytes as read by the hot loop's pread. The value is returned as the kernel
+    printed it: PMA error counters saturate at their width (4294967295 for a 32-bit one)
+    and that saturation is information, not garbage.
     """
-    value = text.strip()
-    if value == NO_PMA:
+    raw = data.encode("utf-8", "replace") if isinstance(data, str) else data
+    value = raw.strip()
+    # bytes.isdigit() is ASCII-only, so no Unicode digit or sign ever reaches int().
+    if value.isdigit():
+        number = int(value)
+        if number > _U64_MAX:
+            raise ParseError("counter", value.decode(), "larger than 64 bits")
+        return number
+    if value == _NO_PMA_BYTES:
         return None
-    if not value.isascii() or not value.isdigit():
-        raise ParseError("counter", text, "expected an unsigned decimal")
-    number = int(value)
-    if number > _U64_MAX:
-        raise ParseError("counter", text, "larger than 64 bits")
-    return number
+    raise ParseError("counter", raw.decode("utf-8", "replace"), "expected an unsigned decimal")
 
 
-def parse_link_speed(text: str) -> float | None:
-    """PCIe `{current,max}_link_speed` in GT/s: `"16.0 GT/s PCIe"` -> 16.0.
+def data_octets(
+    counters: dict[str, int], counters_ext: dict[str, int]
+) -> tuple[int | None, int | None]:
+    """(rx, tx) bytes: PortRcvData/PortXmitData count 4-octet units.
 
-    Older kernels print `"8 GT/s"` / `"2.5 GT/s"` without the suffix; an untrained or
-    unreadable link reads `"Unknown"` (or `"Unknown speed"` on older kernels) -> None.
+    `counters/port_*_data` first; the mlx4-era `counters_ext/port_*_data_64` when the
+    former is absent or stuck at its 32-bit maximum (a saturated PMA counter).
     """
-    value = text.strip()
-    if value in ("Unknown", "Unknown speed"):
-        return None
-    match = _LINK_SPEED.fullmatch(value)
-    if match is None:
-        raise ParseError("PCIe link speed", text, "expected '<n> GT/s PCIe'")
-    return float(match["gts"])
 
+    def octets(name: str) -> int | None:
+        value = counters.get(f"port_{name}_data")
+        extended = counters_ext.get(f"port_{name}_data_64")
+        if extended is not None and (value is None or value == U32_SATURATED):
+            value = extended
+        return None if value is None else value * 4
 
-def parse_link_width(text: str) -> int:
-    """PCIe `{current,max}_link_width`: decimal lane count (0 while the link is down)."""
-    return parse_decimal(text, "PCIe link width", minimum=0)
-
-
-def parse_numa_node(text: str) -> int | None:
-    """`numa_node`: `-1` means the firmware did not say -> None."""
-    value = parse_decimal(text, "numa_node", minimum=-1)
-    return None if value == -1 else value
+    return octets("rcv"), octets("xmit")
 
 
 def parse_decimal(text: str, what: str, *, minimum: int | None = None) -> int:
     """A signed decimal integer (mtu, dev_port, type, ...), optionally bounded below."""
     value = text.strip()
-    if _DECIMAL.fullmatch(value) is None:
+    if _DECIMAL.fullmatch(value) is None or len(value) > 20:
         raise ParseError(what, text, "expected a decimal integer")
     number = int(value)
     if minimum is not None and number < minimum:
@@ -202,10 +205,18 @@ def parse_bool01(text: str, what: str) -> bool:
     return value == "1"
 
 
-def parse_string(text: str) -> str | None:
-    """A free-text attribute (fw_ver, board_id, hca_type, ...): stripped, empty -> None."""
+def parse_string(text: str) -> str:
+    """A free-text attribute (fw_ver, board_id, hca_type, ...), stripped.
+
+    Empty, or holding control characters or undecodable bytes (shown as U+FFFD by the
+    reader), is not an attribute value but junk: ParseError.
+    """
     value = text.strip()
-    return value or None
+    if not value:
+        raise ParseError("text attribute", text, "empty")
+    if not value.isprintable() or "\ufffd" in value:
+        raise ParseError("text attribute", text, "not printable text")
+    return value
 
 
 def parse_operstate(text: str) -> str:
@@ -224,92 +235,9 @@ def parse_hw_address(text: str) -> str:
     return value.lower()
 
 
-def parse_pci_address(text: str) -> str:
-    """`"0000:3b:00.0"` (domain may have more than 4 digits behind VMD), lower-cased."""
-    value = text.strip()
-    match = _PCI_ADDRESS.fullmatch(value)
-    if match is None or int(match["dev"], 16) > 0x1F:
-        raise ParseError("PCI address", text, "expected dddd:bb:dd.f")
-    return value.lower()
-
-
-def is_pci_address(name: str) -> bool:
-    try:
-        parse_pci_address(name)
-    except ParseError:
-        return False
-    return True
-
-
-def is_host_bridge(name: str) -> bool:
-    """A PCI host bridge directory under /sys/devices, e.g. `pci0000:00`."""
-    return _HOST_BRIDGE.fullmatch(name) is not None
-
-
-def parse_pci_id(text: str, what: str = "PCI id") -> str:
-    """A 16-bit PCI id (`vendor`, `device`, `subsystem_*`): `"0x15b3"`, lower-cased."""
-    value = text.strip()
-    if _PCI_ID.fullmatch(value) is None:
-        raise ParseError(what, text, "expected 0x followed by 4 hex digits")
-    return value.lower()
-
-
-def parse_pci_class(text: str) -> str:
-    """A 24-bit PCI class code: `"0x020700"` (InfiniBand controller), lower-cased."""
-    value = text.strip()
-    if _PCI_CLASS.fullmatch(value) is None:
-        raise ParseError("PCI class", text, "expected 0x followed by 6 hex digits")
-    return value.lower()
-
-
-def parse_cpulist(text: str) -> str | None:
-    """`local_cpulist` such as `"0-23,48-71"`, kept as text; empty -> None."""
-    value = text.strip()
-    if not value:
-        return None
-    if _CPULIST.fullmatch(value) is None:
-        raise ParseError("cpulist", text, "expected ranges like 0-15,32-47")
-    return value
-
-
-def parse_pci_devpath(devpath: str) -> tuple[str, tuple[str, ...]]:
-    """Split a resolved device directory into `(address, path)`.
-
-    `devpath` is the resolved location of a PCI function relative to the sysfs root, e.g.
-    `/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0`. `path` starts with the
-    host bridge (`pci0000:00`) and lists every bridge down to the function's parent:
-    `("pci0000:00", "0000:00:01.0", "0000:01:00.0")`. Components that are neither host
-    bridges nor PCI functions (ACPI or VMBus nodes above the host bridge) are dropped; a
-    VMD domain shows up as a second host bridge inside the chain.
-    """
-    parts = [part for part in devpath.split("/") if part]
-    if not parts or not is_pci_address(parts[-1]):
-        raise ParseError("PCI device path", devpath, "does not end in a PCI address")
-    start = next((i for i, part in enumerate(parts) if is_host_bridge(part)), None)
-    if start is None:
-        raise ParseError("PCI device path", devpath, "no pciDDDD:BB host bridge")
-    chain = tuple(
-        part.lower() for part in parts[start:-1] if is_host_bridge(part) or is_pci_address(part)
+def natural_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort key putting mlx5_2 before mlx5_10 (and uverbs2 before uverbs10)."""
+    return tuple(
+        (int(token), "") if index % 2 else (-1, token)
+        for index, token in enumerate(_DIGIT_RUNS.split(name))
     )
-    return parts[-1].lower(), chain
-
-
-def is_gpu(vendor: str | None, class_code: str | None) -> bool:
-    """An NVIDIA function whose class is 3D controller (0x0302xx) or VGA (0x0300xx)."""
-    if vendor != NVIDIA_VENDOR or class_code is None:
-        return False
-    return class_code.startswith(GPU_CLASS_PREFIXES)
-
-
-def counter_key(group: str, name: str) -> str:
-    """Stable counter name: plain for `counters/`, `<group>/<name>` for the other groups.
-
-    `counters/` holds the IBTA PortCounters every tool knows by bare name; `counters_ext/`
-    and `hw_counters/` (driver-defined) keep their directory so names never collide.
-    """
-    return name if group == "counters" else f"{group}/{name}"
-
-
-def data_bytes(name: str, value: int) -> int:
-    """Octets for a data counter (kernel counts 4-octet units), other counters unchanged."""
-    return value * 4 if name in DATA_COUNTERS else value

@@ -1,25 +1,44 @@
 """The agent process: owns its tasks, the stop event and the order of things.
 
 Publishes a full snapshot on start, after every NATS reconnect, after every observed
-change and periodically (anti-entropy); counter batches at a fixed interval; a link
-event the moment a port's state changes. Reading is delegated to `inventory`, sending
+change and every `inventory_interval` (anti-entropy); counter batches at a fixed
+interval; a link event the moment netlink reports a netdev change or a port poll sees a
+port change. Reading is delegated to the readers, deciding to the pure modules, sending
 to `publisher`; this module only schedules.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from agent import __version__
 from agent.changes import PortStates, diff_port_states
-from agent.inventory import CounterReader, collect_port_states, collect_snapshot
+from agent.counters import CounterReader
+from agent.errors import CollectionTimeout
+from agent.inventory import collect_port_states, collect_snapshot
+from agent.linkevents import (
+    NetdevPorts,
+    Netdevs,
+    diff_netdevs,
+    netdev_ports,
+    netdevs_from_dump,
+    update_netdevs,
+)
+from agent.netlink import NetlinkUnavailable, NetlinkWatcher
 from agent.publisher import Publisher
+from agent.rates import with_rates
 from agent.sysfs import Sysfs
+from agent.verbs import probe_verbs
+from proto.inventory import NodeSnapshot
+from proto.messages import CounterBatch, LinkEvent
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +49,16 @@ class AgentSettings:
     sysfs_root: Path
     nats_url: str
     counter_interval: float = 1.0
+    # Port state files have no change notification; a dozen small reads every 100 ms
+    # catch a port flip long before the next counter batch would.
     state_poll_interval: float = 0.1
-    snapshot_interval: float = 300.0
+    # Full inventory re-read (and snapshot publish) when no event asked for one.
+    inventory_interval: float = 300.0
+    netlink: bool = True
+    netns: str | None = None  # watch links in this network namespace (tests, labs)
+    netlink_retry: float = 1.0  # first wait before re-opening a lost netlink socket
+    verbs: bool = False  # probe libibverbs once at start for Platform.verbs
+    verbs_path: Path | None = None  # directory holding the pyverbs package
 
 
 class AgentService:
@@ -40,20 +67,30 @@ class AgentService:
         self._clock = clock
         self._sysfs = Sysfs(settings.sysfs_root)
         self._counters = CounterReader(self._sysfs)
-        self._resync = asyncio.Event()
+        self._resync = asyncio.Event()  # publish a fresh snapshot now
+        self._reread = asyncio.Event()  # poll port states now
+        self._first_snapshot = asyncio.Event()
+        self.netlink_watching = asyncio.Event()  # set once the first link dump is known
         self._publisher = Publisher(
             node=settings.node_name, url=settings.nats_url, on_reconnect=self._request_resync
         )
         self._snapshot_seq = 0
         self._counter_seq = 0
         self._event_seq = 0
-        self._states: PortStates = {}
+        self._states: PortStates | None = None  # None: no poll has succeeded yet
+        self._netdevs: Netdevs = {}
+        self._ports: NetdevPorts = {}
+        self._verbs: str | None = None
 
     async def _request_resync(self) -> None:
         self._resync.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._states = await asyncio.to_thread(collect_port_states, self._sysfs)
+        if self.settings.verbs:
+            self._verbs = await asyncio.to_thread(probe_verbs, search_path=self.settings.verbs_path)
+            log.info("verbs probe: %s", self._verbs)
+        with contextlib.suppress(CollectionTimeout):  # the state loop retries and logs
+            self._states = await asyncio.to_thread(collect_port_states, self._sysfs)
         if not await self._publisher.connect(stop):
             return
         self._resync.set()
@@ -62,12 +99,15 @@ class AgentService:
                 tasks.create_task(self._snapshot_loop(stop))
                 tasks.create_task(self._counter_loop(stop))
                 tasks.create_task(self._state_loop(stop))
+                if self.settings.netlink:
+                    tasks.create_task(self._netlink_loop(stop))
         finally:
+            self._counters.close()
             await self._publisher.close()
 
     async def _snapshot_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _wait_any(stop, self._resync, timeout=self.settings.snapshot_interval)
+            await _wait_any(stop, self._resync, timeout=self.settings.inventory_interval)
             if stop.is_set():
                 return
             self._resync.clear()
@@ -80,49 +120,160 @@ class AgentService:
                 now=self._clock(),
                 agent_version=__version__,
             )
+            snapshot = with_verbs(snapshot, self._verbs)
+            if snapshot.devices or not snapshot.errors:
+                # A collection that timed out as a whole has no devices; keep mapping
+                # netdevs with the last good one rather than with nothing.
+                self._ports = netdev_ports(snapshot)
+            self._first_snapshot.set()
             await self._publisher.publish(snapshot)
 
     async def _counter_loop(self, stop: asyncio.Event) -> None:
+        previous: CounterBatch | None = None
+        stuck = False
         while not stop.is_set():
-            self._counter_seq += 1
-            batch = await asyncio.to_thread(
-                self._counters.collect,
-                node=self.settings.node_name,
-                seq=self._counter_seq,
-                now=self._clock(),
-            )
-            await self._publisher.publish(batch)
+            try:
+                raw = await asyncio.to_thread(
+                    self._counters.collect,
+                    node=self.settings.node_name,
+                    seq=self._counter_seq + 1,
+                    now=self._clock(),
+                )
+            except CollectionTimeout as exc:
+                stuck = _log_stuck(stuck, "counter sample", exc)
+            else:
+                stuck = _log_recovered(stuck, "counter sample")
+                self._counter_seq += 1
+                previous = batch = with_rates(previous, raw)
+                await self._publisher.publish(batch)
             await _wait_any(stop, timeout=self.settings.counter_interval)
 
     async def _state_loop(self, stop: asyncio.Event) -> None:
-        # sysfs port state emits no events the agent can wait on, so it is polled at a
-        # short interval; only differences are published.
+        # Polled for every port, netdev or not: a netdev event wakes this loop at once,
+        # but the RDMA port state in sysfs may follow the netdev a little later.
+        stuck = False
         while not stop.is_set():
-            await _wait_any(stop, timeout=self.settings.state_poll_interval)
+            await _wait_any(stop, self._reread, timeout=self.settings.state_poll_interval)
             if stop.is_set():
                 return
-            current = await asyncio.to_thread(collect_port_states, self._sysfs)
-            now = self._clock()
+            self._reread.clear()
+            try:
+                current = await asyncio.to_thread(collect_port_states, self._sysfs)
+            except CollectionTimeout as exc:
+                stuck = _log_stuck(stuck, "port-state poll", exc)
+                continue
+            stuck = _log_recovered(stuck, "port-state poll")
+            if self._states is None:
+                self._states = current  # the first successful poll is the baseline
+                continue
             events = diff_port_states(
-                self._states, current, node=self.settings.node_name, now=now, seq=self._event_seq
+                self._states,
+                current,
+                node=self.settings.node_name,
+                now=self._clock(),
+                seq=self._event_seq,
             )
             if not events:
                 continue
             self._states = current
-            for event in events:
-                self._event_seq = event.seq
-                log.info(
-                    "%s %s/%s: %s -> %s",
-                    event.kind,
-                    event.adapter,
-                    event.port,
-                    event.old_state,
-                    event.new_state,
-                )
-                await self._publisher.publish(event)
+            await self._publish_events(events)
             if any(e.kind != "port-state" for e in events):
                 self._counters.rediscover()
             self._resync.set()
+
+    async def _netlink_loop(self, stop: asyncio.Event) -> None:
+        # Reading a netlink socket blocks until the kernel says something, so the
+        # follower is cancelled when the agent stops rather than checking `stop`.
+        async with asyncio.TaskGroup() as tasks:
+            follower = tasks.create_task(self._follow_netlink())
+            await stop.wait()
+            follower.cancel()
+
+    async def _follow_netlink(self) -> None:
+        await self._first_snapshot.wait()  # netdev -> RDMA port mapping comes from it
+        watched = False
+        retry = self.settings.netlink_retry
+        while True:
+            try:
+                async with NetlinkWatcher(netns=self.settings.netns) as watcher:
+                    dump = netdevs_from_dump(await watcher.dump())
+                    if watched:
+                        log.info("netlink watch re-established")
+                        await self._apply_netdevs(dump)  # publishes what we missed
+                    else:
+                        self._netdevs = dump
+                        log.info("watching %d netdevs via netlink", len(dump))
+                    watched, retry = True, self.settings.netlink_retry
+                    self.netlink_watching.set()
+                    while True:
+                        table = self._netdevs
+                        for observation in await watcher.changes():
+                            table = update_netdevs(table, observation)
+                        await self._apply_netdevs(table)
+            except NetlinkUnavailable as exc:
+                if not watched:
+                    log.warning("netlink unavailable (%s); port state is polled only", exc)
+                    return
+                if self.netlink_watching.is_set():
+                    log.warning("netlink watch lost (%s); re-opening", exc)
+                else:
+                    log.debug("netlink still unavailable: %s", exc)
+                self.netlink_watching.clear()
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, 30.0)
+
+    async def _apply_netdevs(self, table: Netdevs) -> None:
+        changes = diff_netdevs(
+            self._netdevs,
+            table,
+            ports=self._ports,
+            node=self.settings.node_name,
+            now=self._clock(),
+            seq=self._event_seq,
+        )
+        self._netdevs = table
+        await self._publish_events(changes.events)
+        if changes.reread:
+            self._reread.set()
+            self._resync.set()
+
+    async def _publish_events(self, events: Sequence[LinkEvent]) -> None:
+        if not events:
+            return
+        # Claim the numbers before the first await: the other event source may run
+        # while this one publishes.
+        self._event_seq = events[-1].seq
+        for event in events:
+            log.info(
+                "%s %s/%s %s: %s -> %s",
+                event.kind,
+                event.device,
+                event.port,
+                event.netdev or "-",
+                event.old_state,
+                event.new_state,
+            )
+            await self._publisher.publish(event)
+
+
+def with_verbs(snapshot: NodeSnapshot, verbs: str | None) -> NodeSnapshot:
+    """Pure: `snapshot` with `platform.verbs` set (the probe runs once per process)."""
+    if verbs is None:
+        return snapshot
+    platform = msgspec.structs.replace(snapshot.platform, verbs=verbs)
+    return msgspec.structs.replace(snapshot, platform=platform)
+
+
+def _log_stuck(stuck: bool, what: str, exc: CollectionTimeout) -> bool:
+    if not stuck:
+        log.warning("%s keeps blocking in the kernel (%s); retrying", what, exc)
+    return True
+
+
+def _log_recovered(stuck: bool, what: str) -> bool:
+    if stuck:
+        log.info("%s works again", what)
+    return False
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:

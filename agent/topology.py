@@ -58,6 +58,26 @@ def classify_relation(
     return Relation.PIX if len(switches) <= 1 else Relation.PXB
 
 
+def path_bridges(a_path: Sequence[str], b_path: Sequence[str]) -> tuple[str, ...]:
+    """The bridges peer-to-peer traffic between two devices crosses below the root
+    complex: the deepest bridge they share, then every bridge down to each of them.
+
+    Empty when they meet only at the root complex or beyond (PHB, NODE, SYS): that
+    traffic goes through the root complex anyway, so ACS redirect cannot reroute it.
+    """
+    if len(a_path) < 2 or len(b_path) < 2 or a_path[0] != b_path[0]:
+        return ()
+    a_bridges, b_bridges = a_path[1:-1], b_path[1:-1]
+    common = 0
+    for a, b in zip(a_bridges, b_bridges, strict=False):
+        if a != b:
+            break
+        common += 1
+    if common == 0:
+        return ()
+    return tuple(dict.fromkeys([*a_bridges[common - 1 :], *b_bridges[common:]]))
+
+
 def _switch_of(bridges: Sequence[str], i: int) -> str:
     # Below a root port (index 0) every PCIe link joins a downstream port to an upstream
     # port, so the chain alternates switch upstream (odd index) / downstream (even index).

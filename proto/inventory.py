@@ -106,6 +106,8 @@ class Device(Base, frozen=True, kw_only=True):
     subsystem_vendor_id: str | None = None
     subsystem_device_id: str | None = None
     class_code: str | None = None  # 0x020700
+    revision: str | None = None  # PCI revision id, 0x00
+    power_state: str | None = None  # PCI power state: D0 ... D3cold
     driver: str | None = None
     fw_ver: str | None = None
     board_id: str | None = None
@@ -134,6 +136,7 @@ class Gpu(Base, frozen=True, kw_only=True):
     device_id: str | None = None
     vendor_id: str | None = None
     class_code: str | None = None
+    driver: str | None = None  # nvidia (GPUDirect RDMA needs it), vfio-pci, nouveau
     pcie: Pcie | None = None
     pci_path: tuple[str, ...] = ()
 

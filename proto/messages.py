@@ -81,7 +81,8 @@ class ResourceStatus(Base, frozen=True, kw_only=True):
     healthy: int = 0
     devices: tuple[str, ...] = ()  # selected adapters (RDMA device names)
     exclusive: bool = False  # one device ID per adapter instead of shared slots
-    excluded: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> reason
+    excluded: dict[str, str] = msgspec.field(default_factory=dict)  # matched, unusable: why
+    unmatched: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> failed selector
     unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # selected adapter -> why
     # starting | waiting | registering | registered | retrying | rejected | stopped; a plain
     # string on the wire so that a state added later never fails an older decoder.

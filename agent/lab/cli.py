@@ -1,8 +1,7 @@
-"""The `lab` click group: render specs into sysfs trees, list built-ins, inject faults.
-
-Owns argument parsing and output only (text for people, one JSON line for scripts); the
-work is in spec, render and faults. Bad input (unknown spec, malformed YAML, missing
-device, non-empty output dir) ends with `error: ...` on stderr and exit code 2.
+"""The `lab` click group: render specs (files, built-ins, synthetic) into sysfs trees, list
+built-ins, inject faults. Owns argument parsing and output only (text for people, one JSON
+line for scripts). Bad input (unknown spec, malformed YAML, missing device, non-empty
+output dir) ends with `error: ...` on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,11 +14,29 @@ from typing import IO, Any
 import click
 import msgspec
 
-from agent.lab.faults import FaultError, FaultRecord, bump_counter, pcie_width_drop
+from agent.lab.faults import (
+    FaultError,
+    FaultRecord,
+    bump_counter,
+    counter_reset,
+    pcie_width_drop,
+    set_acs,
+)
 from agent.lab.faults import port_down as inject_port_down
 from agent.lab.faults import port_up as inject_port_up
+from agent.lab.hotplug import device_add, device_remove
+from agent.lab.layout import plan
+from agent.lab.rdma import vf_adapters
 from agent.lab.render import RenderError, render
-from agent.lab.spec import SpecError, builtin_specs, load_builtin, load_spec, with_node_name
+from agent.lab.spec import (
+    NodeSpec,
+    SpecError,
+    builtin_specs,
+    load_builtin,
+    load_spec,
+    with_node_name,
+)
+from agent.lab.synthetic import MAX_COUNTERS, MAX_HW_COUNTERS, synthetic_spec
 
 _OUTPUT = click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -56,6 +73,39 @@ def lab() -> None:
 @lab.command("render")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--builtin", "builtin_name", help="A built-in spec (see `lab list`).")
+@click.option(
+    "--synthetic",
+    type=click.IntRange(1, 128),
+    help="A synthetic node with this many ConnectX-7 cards (benchmarks).",
+)
+@click.option(
+    "--ports",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 8),
+    help="--synthetic: ports per card (one PCI function and mlx5 device each).",
+)
+@click.option(
+    "--gpus",
+    default=8,
+    show_default=True,
+    type=click.IntRange(0, 32),
+    help="--synthetic: H100 GPUs.",
+)
+@click.option(
+    "--counters",
+    default=MAX_COUNTERS,
+    show_default=True,
+    type=click.IntRange(0, MAX_COUNTERS),
+    help="--synthetic: counters/ files per port.",
+)
+@click.option(
+    "--hw-counters",
+    default=MAX_HW_COUNTERS,
+    show_default=True,
+    type=click.IntRange(0, MAX_HW_COUNTERS),
+    help="--synthetic: hw_counters/ files per port (lifespan included).",
+)
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--node-name", help="Render under this node name (hardware ids unchanged).")
 @click.option("--overwrite", is_flag=True, help="Replace a tree previously rendered there.")
@@ -63,27 +113,39 @@ def lab() -> None:
 def render_cmd(
     spec_file: Path | None,
     builtin_name: str | None,
+    synthetic: int | None,
+    ports: int,
+    gpus: int,
+    counters: int,
+    hw_counters: int,
     out: Path,
     node_name: str | None,
     overwrite: bool,
     output: str,
 ) -> None:
-    """Render a node spec (--spec FILE or --builtin NAME) as a sysfs tree in --out."""
-    if (spec_file is None) == (builtin_name is None):
-        raise BadInput("give exactly one of --spec FILE or --builtin NAME")
+    """Render a node spec (--spec FILE, --builtin NAME or --synthetic N) into --out."""
+    if [spec_file, builtin_name, synthetic].count(None) != 2:
+        raise BadInput("give exactly one of --spec FILE, --builtin NAME or --synthetic N")
     try:
-        spec = load_spec(spec_file) if spec_file else load_builtin(str(builtin_name))
+        spec: NodeSpec
+        if synthetic is not None:
+            spec = synthetic_spec(synthetic, ports, hw_counters, counters, gpus)
+        elif spec_file is not None:
+            spec = load_spec(spec_file)
+        else:
+            spec = load_builtin(str(builtin_name))
         if node_name is not None:
             spec = with_node_name(spec, node_name)
         render(spec, out, overwrite=overwrite)
-    except (SpecError, RenderError) as exc:
+    except (SpecError, RenderError, ValueError) as exc:
         raise BadInput(str(exc)) from exc
     netdevs = sum(p.netdev is not None for a in spec.adapters for p in a.ports)
+    devices = len(spec.adapters) + len(vf_adapters(spec, plan(spec)))  # VFs' RDMA devices too
     summary = {
         "node": spec.name,
         "root": str(out),
         "gpus": len(spec.gpus),
-        "adapters": len(spec.adapters),
+        "adapters": devices,
         "netdevs": netdevs,
     }
     if output == "json":
@@ -91,7 +153,7 @@ def render_cmd(
     else:
         click.echo(
             f"rendered {spec.name} into {out}: {len(spec.gpus)} GPUs, "
-            f"{len(spec.adapters)} RDMA devices, {netdevs} netdevs"
+            f"{devices} RDMA devices, {netdevs} netdevs"
         )
 
 
@@ -153,6 +215,46 @@ def counter_cmd(root: Path, device: str, port: int, name: str, delta: int, in_pl
 def pcie_width_cmd(root: Path, address: str, width: int, in_place: bool) -> None:
     """Drop a function's negotiated PCIe link width."""
     _emit(lambda: pcie_width_drop(root, address, width, atomic=not in_place))
+
+
+@fault.command("counter-reset")
+@_ROOT
+@_DEVICE
+@click.option("--port", type=click.IntRange(min=1), help="One port (default: all ports).")
+@_IN_PLACE
+def counter_reset_cmd(root: Path, device: str, port: int | None, in_place: bool) -> None:
+    """Reset every counter of a device (or one port) to 0, as a driver reload does."""
+    _emit(lambda: counter_reset(root, device, port, atomic=not in_place))
+
+
+@fault.command("acs")
+@_ROOT
+@click.option("--address", required=True, help="A root or downstream port, e.g. 0000:17:01.0.")
+@click.option("--control", required=True, help="New ACS control register, e.g. 0x1d or 0.")
+@_IN_PLACE
+def acs_cmd(root: Path, address: str, control: str, in_place: bool) -> None:
+    """Set a bridge's ACS control register (SV 0x01 TB 0x02 RR 0x04 CR 0x08 UF 0x10 ...)."""
+    try:
+        value = int(control, 0)
+    except ValueError:
+        raise BadInput(f"--control: not a number: {control!r}") from None
+    _emit(lambda: set_acs(root, address, value, atomic=not in_place))
+
+
+@fault.command("device-remove")
+@_ROOT
+@_DEVICE
+def device_remove_cmd(root: Path, device: str) -> None:
+    """Unregister an RDMA device: its class entry, ports and char devices disappear."""
+    _emit(lambda: device_remove(root, device))
+
+
+@fault.command("device-add")
+@_ROOT
+@_DEVICE
+def device_add_cmd(root: Path, device: str) -> None:
+    """Bring back a device removed with device-remove."""
+    _emit(lambda: device_add(root, device))
 
 
 def _emit(inject: Callable[[], FaultRecord]) -> None:

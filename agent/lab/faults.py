@@ -1,10 +1,8 @@
-"""Fault injection on a rendered lab tree: port down/up, counter increments, PCIe width drop.
-
-Owns which files a fault touches and how (kernel formats, counter widths) and the write
-discipline: by default each file is replaced atomically (temp file + os.replace), so a
-concurrent reader sees the old or the new content, never half of it. Readers that keep a
-file descriptor open across reads (pread on a cached fd) would keep seeing the replaced
-inode; for them pass `atomic=False`, which rewrites the file in place instead.
+"""Fault injection on a rendered tree: port down/up, counter bumps and resets, PCIe width
+drop, ACS control edits (device removal: hotplug.py). Owns which files a fault touches, in
+kernel formats and counter widths, and how: atomically by default (temp file + os.replace,
+readers see old or new, never half), or in place with `atomic=False` for readers that
+pread a cached fd (an atomic replace gives the file a new inode they would never see).
 """
 
 from __future__ import annotations
@@ -18,12 +16,17 @@ from typing import Literal
 
 import msgspec
 
-from agent.lab.spec import PCI_ADDRESS_RE, PHYS_STATES, PMA_COUNTERS, PORT_STATES
+from agent.lab import pciconfig
+from agent.lab.models import COUNTERS_EXT_TWIN, HW_COUNTER_BITS, LEGACY_COUNTERS, PMA_COUNTERS
+from agent.lab.spec import PCI_ADDRESS_RE, PHYS_STATES, PORT_STATES
 
-FaultKind = Literal["port-down", "port-up", "counter", "pcie-width"]
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # one path component, never '..'
+FaultKind = Literal[
+    "port-down", "port-up", "counter", "counter-reset", "pcie-width", "acs", "device-remove",
+    "device-add",
+]  # fmt: skip
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # one path component, never '..'
 _TMP_DIR = ".lab-tmp"  # at the tree root: outside every directory a reader lists
-HW_COUNTER_BITS = 32  # mlx5 queue counters are 32-bit in hardware and wrap
+COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
 
 
 class FaultError(ValueError):
@@ -60,67 +63,112 @@ def port_up(root: Path, device: str, port: int = 1, *, atomic: bool = True) -> F
 def bump_counter(
     root: Path, device: str, port: int, name: str, delta: int, *, atomic: bool = True
 ) -> FaultRecord:
-    """Add `delta` to counters/<name> or hw_counters/<name> (`hw_counters/x` picks one).
-
-    Narrow PMA error counters saturate at their width like the hardware does, hw_counters
-    wrap at 32 bits, so readers meet the same edge cases as on a real HCA.
-    """
+    """Add `delta` to counters/<name>, counters_ext/<name> or hw_counters/<name> (a
+    `dir/name` prefix picks one). Narrow PMA error counters saturate at their width like
+    the hardware does, hw_counters wrap at 32 bits. On a port with counters_ext/ (the
+    pre-4.5 layout) a data/packet counter is one value seen twice: both files move, the
+    32-bit counters/ copy saturating, the _64 twin not."""
     if delta < 0:
         raise FaultError(name, f"delta must be >= 0, got {delta} (counters only grow)")
-    root = _tree_root(root)
-    port_dir = _port_dir(root, device, port)
+    root = tree_root(root)
+    port_dir = port_path(root, device, port)
     group, _, leaf = name.rpartition("/")
-    if group not in {"", "counters", "hw_counters"} or not _NAME.match(leaf):
-        raise FaultError(name, "expected a counter name, counters/<name> or hw_counters/<name>")
-    groups = [group] if group else ["counters", "hw_counters"]
+    if group not in {"", *COUNTER_DIRS} or not NAME_RE.match(leaf):
+        raise FaultError(name, "expected a counter name or <counters|counters_ext|hw_counters>/x")
+    groups = [group] if group else list(COUNTER_DIRS)
     found = [port_dir / g / leaf for g in groups if (port_dir / g / leaf).is_file()]
     if not found:
         where = " or ".join(str(port_dir / g / leaf) for g in groups)
         raise FaultError(where, "no such counter")
-    path = found[0]
-    old = _read(path)
-    try:
-        value = int(old)
-    except ValueError:
-        raise FaultError(path, f"counter does not hold a number: {old!r}") from None
-    if path.parent.name == "hw_counters":
-        new = (value + delta) % (1 << HW_COUNTER_BITS)
-    else:
-        new = min(value + delta, (1 << PMA_COUNTERS.get(leaf, 64)) - 1)
-    change = _write(root, path, f"{new}\n", atomic)
-    return _record("counter", f"{device}/{port}/{path.parent.name}/{leaf}", [change])
+    paths = [found[0]]
+    twins = {**COUNTERS_EXT_TWIN, **{v: k for k, v in COUNTERS_EXT_TWIN.items()}}
+    twin = port_dir / ("counters_ext" if found[0].parent.name == "counters" else "counters")
+    if leaf in twins and (twin / twins[leaf]).is_file():
+        paths.append(twin / twins[leaf])
+    changes = []
+    for path in paths:
+        value = _read_int(path)
+        if path.parent.name == "hw_counters":
+            new = (value + delta) % (1 << HW_COUNTER_BITS)
+        else:
+            new = min(value + delta, (1 << _width(port_dir, path)) - 1)
+        changes.append(write(root, path, f"{new}\n", atomic))
+    return record("counter", f"{device}/{port}/{paths[0].parent.name}/{paths[0].name}", changes)
+
+
+def counter_reset(
+    root: Path, device: str, port: int | None = None, *, atomic: bool = True
+) -> FaultRecord:
+    """Every counter of the port (all ports when None) back to 0, as a driver reload or a
+    firmware reset leaves them; hw_counters/lifespan is a setting and stays. Only files
+    that change are written and recorded; unreadable/non-numeric ones are left alone."""
+    root = tree_root(root)
+    ports = [port] if port is not None else _ports(root, device)
+    changes = []
+    for number in ports:
+        port_dir = port_path(root, device, number)
+        for group in COUNTER_DIRS:
+            directory = port_dir / group
+            for name in sorted(os.listdir(directory)) if directory.is_dir() else []:
+                path = directory / name
+                if (group, name) == ("hw_counters", "lifespan") or not path.is_file():
+                    continue
+                text = _read(path).strip()
+                if text.isdigit() and int(text) != 0:
+                    changes.append(write(root, path, "0\n", atomic))
+    target = device if port is None else f"{device}/{port}"
+    return record("counter-reset", target, changes)
 
 
 def pcie_width_drop(
     root: Path, pci_address: str, width: int, *, atomic: bool = True
 ) -> FaultRecord:
     """Retrain the function's link at a narrower `width`. A link has two ends and one
-    status, so the upstream bridge port and the device's other functions change too."""
-    root = _tree_root(root)
-    if not PCI_ADDRESS_RE.match(pci_address):
-        raise FaultError(pci_address, "not a PCI address like 0000:19:00.0")
-    device = root / "bus" / "pci" / "devices" / pci_address
-    if not device.is_dir():
-        raise FaultError(device, "no such PCI device")
+    status, so the upstream bridge port and the device's other functions change too; each
+    end's `current_link_width` and the Link Status register in its `config` move."""
+    root = tree_root(root)
+    device = pci_device(root, pci_address)
     max_width = int(_read(device / "max_link_width"))
     if width not in {1, 2, 4, 8, 12, 16, 32} or width > max_width:
         raise FaultError(device / "current_link_width", f"width {width} not in 1..{max_width}")
     real = device.resolve()
     ends = [a for a in sorted(os.listdir(real.parent)) if a[:-1] == pci_address[:-1]]
+    ends = [a for a in ends if not (real.parent / a / "physfn").exists()]  # VFs have no link
     if PCI_ADDRESS_RE.match(real.parent.name):  # not directly on a host bridge
         ends.insert(0, real.parent.name)
-    changes = [
-        _write(root, root / "bus/pci/devices" / end / "current_link_width", f"{width}\n", atomic)
-        for end in ends
-    ]
-    return _record("pcie-width", pci_address, changes)
+    changes = []
+    for end in ends:
+        fn = root / "bus/pci/devices" / end
+        old = _read(fn / "current_link_width").strip()
+        changes.append(write(root, fn / "current_link_width", f"{width}\n", atomic))
+        config = fn / "config"
+        if config.is_file():
+            new = pciconfig.with_link_width(config.read_bytes(), width)
+            changes.append(write_bytes(root, config, new, atomic, old, str(width)))
+    return record("pcie-width", pci_address, changes)
+
+
+def set_acs(root: Path, pci_address: str, control: int, *, atomic: bool = True) -> FaultRecord:
+    """Rewrite a bridge's ACS control register (+6 in extended capability 0x000D), as
+    `setpci -s <addr> ECAP_ACS+6.w=<control>` does; the record shows the register in hex."""
+    root = tree_root(root)
+    config = pci_device(root, pci_address) / "config"
+    data = config.read_bytes() if config.is_file() else b""
+    old = pciconfig.acs_control(data) if len(data) > pciconfig.EXT_START else None
+    if old is None:
+        raise FaultError(config, "no ACS extended capability (not a root or downstream port?)")
+    if not 0 <= control <= 0xFFFF:
+        raise FaultError(config, f"control 0x{control:x} is not a 16-bit value")
+    new = pciconfig.with_acs_control(data, control)
+    change = write_bytes(root, config, new, atomic, f"0x{old:04x}", f"0x{control:04x}")
+    return record("acs", pci_address, [change])
 
 
 def _set_port(
     root: Path, device: str, port: int, kind: FaultKind, *, up: bool, atomic: bool
 ) -> FaultRecord:
-    root = _tree_root(root)
-    port_dir = _port_dir(root, device, port)
+    root = tree_root(root)
+    port_dir = port_path(root, device, port)
     state, phys = ("ACTIVE", "LinkUp") if up else ("DOWN", "Disabled")
     files = [
         (port_dir / "state", f"{PORT_STATES[state]}: {state}\n"),
@@ -134,19 +182,41 @@ def _set_port(
         if _read(netdev / "dev_port").strip() == str(port - 1):
             files.append((netdev / "operstate", "up\n" if up else "down\n"))
             files.append((netdev / "carrier", "1\n" if up else "0\n"))
-    changes = [_write(root, path, text, atomic) for path, text in files]
-    return _record(kind, f"{device}/{port}", changes)
+    changes = [write(root, path, text, atomic) for path, text in files]
+    return record(kind, f"{device}/{port}", changes)
 
 
-def _tree_root(root: Path) -> Path:
+def _width(port_dir: Path, path: Path) -> int:
+    if path.parent.name == "counters_ext":
+        return 64
+    if (port_dir / "counters_ext").is_dir():  # pre-4.5 layout: counters/ is 32-bit
+        return LEGACY_COUNTERS.get(path.name, 64)
+    return PMA_COUNTERS.get(path.name, 64)
+
+
+def _ports(root: Path, device: str) -> list[int]:
+    ports = port_path(root, device, 1).parent
+    return sorted(int(p) for p in os.listdir(ports) if p.isdigit())
+
+
+def tree_root(root: Path) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise FaultError(root, "no such directory (expected a tree rendered by lab render)")
     return root
 
 
-def _port_dir(root: Path, device: str, port: int) -> Path:
-    if not _NAME.match(device):
+def pci_device(root: Path, pci_address: str) -> Path:
+    if not PCI_ADDRESS_RE.match(pci_address):
+        raise FaultError(pci_address, "not a PCI address like 0000:19:00.0")
+    device = root / "bus" / "pci" / "devices" / pci_address
+    if not device.is_dir():
+        raise FaultError(device, "no such PCI device")
+    return device
+
+
+def port_path(root: Path, device: str, port: int) -> Path:
+    if not NAME_RE.match(device):
         raise FaultError(device, "not an RDMA device name")
     dev = root / "class" / "infiniband" / device
     if not dev.is_dir():
@@ -164,9 +234,24 @@ def _read(path: Path) -> str:
         raise FaultError(path, f"cannot read: {exc.strerror}") from exc
 
 
-def _write(root: Path, path: Path, text: str, atomic: bool) -> Change:
+def _read_int(path: Path) -> int:
+    text = _read(path)
+    try:
+        return int(text)
+    except ValueError:
+        raise FaultError(path, f"counter does not hold a number: {text!r}") from None
+
+
+def write(root: Path, path: Path, text: str, atomic: bool) -> Change:
     old = _read(path)
-    data = text.encode()
+    write_bytes(root, path, text.encode(), atomic)
+    return Change(path=str(path.relative_to(root)), old=old.rstrip("\n"), new=text.rstrip("\n"))
+
+
+def write_bytes(
+    root: Path, path: Path, data: bytes, atomic: bool, old: str = "", new: str = ""
+) -> Change:
+    """Replace a file's bytes; the Change carries `old`/`new` as given (binary files)."""
     if atomic:
         # The temp file must be on the same filesystem for os.replace to be atomic, and
         # outside the directory being listed, so readers never meet a stray ".tmp" file.
@@ -190,8 +275,8 @@ def _write(root: Path, path: Path, text: str, atomic: bool) -> Change:
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
-    return Change(path=str(path.relative_to(root)), old=old.rstrip("\n"), new=text.rstrip("\n"))
+    return Change(path=str(path.relative_to(root)), old=old, new=new)
 
 
-def _record(kind: FaultKind, target: str, changes: list[Change]) -> FaultRecord:
+def record(kind: FaultKind, target: str, changes: list[Change]) -> FaultRecord:
     return FaultRecord(fault=kind, target=target, changes=tuple(changes), injected_at=time.time())

@@ -1,5 +1,6 @@
 """Faults change exactly the files they claim, in kernel format, atomically by default;
-bad targets fail with a FaultError naming the path; plus the `lab fault` CLI."""
+bad targets fail with a FaultError naming the path; counter resets, ACS edits, RDMA device
+removal and re-add; plus the `lab fault` CLI."""
 
 from __future__ import annotations
 
@@ -13,17 +14,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from agent.lab import pciconfig
 from agent.lab.cli import lab
 from agent.lab.faults import (
     Change,
     FaultError,
     bump_counter,
+    counter_reset,
     pcie_width_drop,
     port_down,
     port_up,
+    set_acs,
 )
+from agent.lab.hotplug import device_add, device_remove
 from agent.lab.render import render
-from agent.lab.spec import load_builtin
+from agent.lab.spec import load_builtin, parse_spec
 
 IB = "class/infiniband"
 
@@ -119,14 +124,18 @@ def test_bump_counter_accumulates(eth: Path) -> None:
 
 def test_pcie_width_drop_retrains_both_ends_of_the_link(eth: Path) -> None:
     record = pcie_width_drop(eth, "0000:d8:00.1", 8)
+    ends = ["0000:d7:01.0", "0000:d8:00.0", "0000:d8:00.1"]  # root port, both functions
     assert [c.path for c in record.changes] == [
-        "bus/pci/devices/0000:d7:01.0/current_link_width",  # the root port's end
-        "bus/pci/devices/0000:d8:00.0/current_link_width",  # same device, other function
-        "bus/pci/devices/0000:d8:00.1/current_link_width",
+        f"bus/pci/devices/{a}/{f}" for a in ends for f in ("current_link_width", "config")
     ]
-    for address in ("0000:d7:01.0", "0000:d8:00.0", "0000:d8:00.1"):
+    assert {(c.old, c.new) for c in record.changes} == {("16", "8")}
+    for address in ends:
         assert _read(eth, f"bus/pci/devices/{address}/current_link_width") == "8\n"
         assert _read(eth, f"bus/pci/devices/{address}/max_link_width") == "16\n"
+        config = (eth / f"bus/pci/devices/{address}/config").read_bytes()
+        exp = pciconfig.find_capability(config, pciconfig.CAP_EXP)
+        assert exp is not None
+        assert int.from_bytes(config[exp + 0x12 : exp + 0x14], "little") >> 4 & 0x3F == 8
     assert _read(eth, "bus/pci/devices/0000:3b:00.0/current_link_width") == "16\n"
 
 
@@ -159,6 +168,33 @@ def test_pcie_width_drop_retrains_both_ends_of_the_link(eth: Path) -> None:
             "../state",
             "expected a counter name",
             id="counter-path-escapes",
+        ),
+        pytest.param(
+            lambda r: counter_reset(r, "mlx5_0", 3),
+            f"{IB}/mlx5_0/ports/3",
+            "no such port",
+            id="reset-no-port",
+        ),
+        pytest.param(
+            lambda r: set_acs(r, "0000:d8:00.0", 0x1D),
+            "0000:d8:00.0/config",
+            "no ACS extended capability",
+            id="acs-on-an-endpoint",
+        ),
+        pytest.param(
+            lambda r: set_acs(r, "0000:d7:01.0", 0x10000),
+            "0000:d7:01.0/config",
+            "not a 16-bit value",
+            id="acs-too-wide",
+        ),
+        pytest.param(
+            lambda r: device_remove(r, "mlx5_5"), f"{IB}/mlx5_5", "no such RDMA", id="rm-none"
+        ),
+        pytest.param(
+            lambda r: device_add(r, "mlx5_0"),
+            ".lab-removed/mlx5_0",
+            "no device of that name was removed",
+            id="add-not-removed",
         ),
         pytest.param(
             lambda r: bump_counter(r, "mlx5_0", 1, "port_rcv_errors", -1),
@@ -276,6 +312,10 @@ def test_cli_fault_prints_one_json_line(eth: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        pytest.param(
+            ["acs", "--address", "0000:d7:01.0", "--control", "x"], "not a number", id="acs-control"
+        ),
+        pytest.param(["device-add", "--device", "mlx5_0"], "was removed", id="add"),
         pytest.param(["port-down", "--device", "mlx5_7"], "no such RDMA device", id="device"),
         pytest.param(["counter", "--device", "mlx5_0", "--name", "x"], "no such counter", id="ctr"),
         pytest.param(
@@ -289,3 +329,128 @@ def test_cli_fault_bad_input_exits_2(eth: Path, args: list[str], message: str) -
     assert done.stderr.startswith("error: ")
     assert message in done.stderr
     assert done.stdout == ""
+
+
+# --- counter reset, legacy counters ------------------------------------------------------
+
+
+def test_counter_reset_zeroes_what_moved_and_keeps_lifespan(eth: Path) -> None:
+    bump_counter(eth, "mlx5_0", 1, "port_rcv_errors", 5)
+    bump_counter(eth, "mlx5_0", 1, "port_xmit_data", 1000)
+    bump_counter(eth, "mlx5_0", 1, "out_of_buffer", 7)
+    record = counter_reset(eth, "mlx5_0", 1)
+    port = f"{IB}/mlx5_0/ports/1"
+    assert (record.fault, record.target) == ("counter-reset", "mlx5_0/1")
+    assert record.changes == (
+        Change(path=f"{port}/counters/port_rcv_errors", old="5", new="0"),
+        Change(path=f"{port}/counters/port_xmit_data", old="1000", new="0"),
+        Change(path=f"{port}/hw_counters/out_of_buffer", old="7", new="0"),
+    )
+    assert _read(eth, f"{port}/hw_counters/lifespan") == "10\n"
+    assert counter_reset(eth, "mlx5_0", 1).changes == ()
+
+
+def test_counter_reset_of_every_port_skips_unreadable_values(eth: Path) -> None:
+    (eth / IB / "mlx5_1/ports/1/counters/symbol_error").write_text("N/A (no PMA)\n")
+    bump_counter(eth, "mlx5_1", 1, "link_downed", 2)
+    record = counter_reset(eth, "mlx5_1")
+    assert record.target == "mlx5_1"
+    assert [c.path.rsplit("/", 1)[1] for c in record.changes] == ["link_downed"]
+    assert _read(eth, f"{IB}/mlx5_1/ports/1/counters/symbol_error") == "N/A (no PMA)\n"
+
+
+LEGACY = """
+name: legacy
+numa_nodes: {0: "0-3"}
+host_bridges: [{name: "pci0000:00", root_ports: ["0000:00:01.0"]}]
+adapters:
+  - {name: mlx5_0, model: ConnectX-6, address: "0000:01:00.0", parent: "0000:00:01.0",
+     node_guid: "0x0002c90300a1b2c0", fw_ver: "20.39.1002", board_id: MT_0000000223,
+     counters_ext: true, ports: [{rate: 4X HDR}]}
+"""
+
+
+def test_legacy_data_counter_moves_in_both_directories(tmp_path: Path) -> None:
+    render(parse_spec(LEGACY), tmp_path)
+    record = bump_counter(tmp_path, "mlx5_0", 1, "port_xmit_data", 2**33)
+    port = f"{IB}/mlx5_0/ports/1"
+    assert record.changes == (
+        Change(path=f"{port}/counters/port_xmit_data", old="0", new=str(2**32 - 1)),
+        Change(path=f"{port}/counters_ext/port_xmit_data_64", old="0", new=str(2**33)),
+    )
+    record = bump_counter(tmp_path, "mlx5_0", 1, "counters_ext/port_unicast_rcv_packets", 3)
+    assert [c.new for c in record.changes] == ["3"]  # no 32-bit twin in counters/
+    reset = counter_reset(tmp_path, "mlx5_0", 1)
+    assert [c.path.split("/ports/1/")[1] for c in reset.changes] == [
+        "counters/port_xmit_data",
+        "counters_ext/port_unicast_rcv_packets",
+        "counters_ext/port_xmit_data_64",
+    ]
+
+
+# --- ACS ---------------------------------------------------------------------------------
+
+
+def test_set_acs_rewrites_the_control_register(eth: Path) -> None:
+    config = eth / "bus/pci/devices/0000:d7:01.0/config"
+    record = set_acs(eth, "0000:d7:01.0", 0x1D)
+    assert record.changes == (
+        Change(path="bus/pci/devices/0000:d7:01.0/config", old="0x0000", new="0x001d"),
+    )
+    data = config.read_bytes()
+    assert len(data) == 4096 and pciconfig.acs_control(data) == 0x1D
+    assert set_acs(eth, "0000:d7:01.0", 0, atomic=False).changes[0].new == "0x0000"
+
+
+# --- device removal ----------------------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if not rel.startswith(".lab-"):
+                out[rel] = "-> " + os.readlink(path) if path.is_symlink() else ""
+    return out
+
+
+def test_device_remove_and_add(ib: Path) -> None:
+    before = _tree(ib)
+    fn = (ib / IB / "mlx5_1/device").resolve()
+    record = device_remove(ib, "mlx5_1")
+    assert record.fault == "device-remove"
+    assert [c.path for c in record.changes][:1] == [f"{IB}/mlx5_1"]
+    assert {(c.old, c.new) for c in record.changes} == {("present", "absent")}
+    assert sorted(os.listdir(ib / IB)) == ["mlx5_0", "mlx5_2", "mlx5_3"]
+    assert not (fn / "infiniband").exists()
+    assert not (fn / "infiniband_verbs").exists() and not (fn / "infiniband_mad").exists()
+    assert "uverbs1" not in os.listdir(ib / "class/infiniband_verbs")
+    assert "umad1" not in os.listdir(ib / "class/infiniband_mad")
+    assert (ib / "class/net/ib1/operstate").read_text() == "up\n"  # the netdev stays
+    assert (fn / "vendor").is_file()  # and so does the PCI function
+    with pytest.raises(FaultError, match="no such RDMA device"):
+        device_remove(ib, "mlx5_1")
+    added = device_add(ib, "mlx5_1")
+    assert {(c.old, c.new) for c in added.changes} == {("absent", "present")}
+    assert _tree(ib) == before
+    assert (ib / IB / "mlx5_1/ports/1/state").read_text() == "4: ACTIVE\n"
+    assert not (ib / ".lab-removed/mlx5_1").exists()
+
+
+def test_cli_new_faults(eth: Path) -> None:
+    runner = CliRunner()
+    root = ["--root", str(eth)]
+    bump_counter(eth, "mlx5_0", 1, "port_rcv_errors", 1)
+    done = runner.invoke(lab, ["fault", "counter-reset", *root, "--device", "mlx5_0"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["changes"][0]["old"] == "1"
+    args = ["fault", "acs", *root, "--address", "0000:d7:01.0", "--control", "0x1d"]
+    assert json.loads(runner.invoke(lab, args).stdout)["changes"][0]["new"] == "0x001d"
+    done = runner.invoke(lab, ["fault", "device-remove", *root, "--device", "mlx5_1"])
+    assert json.loads(done.stdout)["fault"] == "device-remove"
+    assert not (eth / IB / "mlx5_1").exists()
+    done = runner.invoke(lab, ["fault", "device-add", *root, "--device", "mlx5_1"])
+    assert json.loads(done.stdout)["fault"] == "device-add"
+    assert (eth / IB / "mlx5_1").is_dir()

@@ -1,10 +1,12 @@
 """The renderer writes the kernel's files byte for byte, links them the way sysfs does,
-refuses to clobber directories, and is deterministic; plus the `lab render`/`list` CLI."""
+refuses to clobber directories, and is deterministic; IOMMU, SR-IOV, module and counter
+layouts; plus the `lab render`/`list` CLI."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from agent.lab.render import (
     rate_text,
     render,
 )
-from agent.lab.spec import load_builtin, with_node_name
+from agent.lab.spec import load_builtin, parse_spec, with_node_name
 
 MLX5_0 = "devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0"
 
@@ -35,6 +37,13 @@ def h100(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def roce(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("roce")
     render(load_builtin("roce-cx6dx"), root, overwrite=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def acs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("acs")
+    render(load_builtin("h100-iommu-acs"), root)
     return root
 
 
@@ -108,6 +117,7 @@ IB = "class/infiniband"
         pytest.param("bus/pci/devices/0000:16:00.0/class", "0x060400\n", id="bridge-class"),
         pytest.param("bus/pci/devices/0000:16:00.0/vendor", "0x1000\n", id="switch-vendor"),
         pytest.param("bus/pci/devices/0000:16:00.0/device", "0xc030\n", id="switch-device"),
+        pytest.param("bus/pci/devices/0000:19:00.0/revision", "0x00\n", id="revision"),
         pytest.param("bus/pci/devices/0000:15:01.0/device", "0x352a\n", id="root-port"),
         pytest.param(
             "bus/pci/devices/0000:17:02.0/current_link_speed", "16.0 GT/s PCIe\n", id="dsp-gen4"
@@ -174,17 +184,21 @@ def test_links_are_relative_like_the_kernels(h100: Path, path: str, target: str)
     assert os.readlink(h100 / path) == target
 
 
-def test_every_link_is_relative_and_resolves_inside_the_tree(h100: Path) -> None:
+@pytest.mark.parametrize("tree", ["h100", "acs"])
+def test_every_link_is_relative_and_resolves_inside_the_tree(
+    tree: str, request: pytest.FixtureRequest
+) -> None:
+    root: Path = request.getfixturevalue(tree)
     links = 0
-    for dirpath, dirnames, filenames in os.walk(h100):
+    for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = Path(dirpath) / name
             if path.is_symlink():
                 links += 1
                 assert not os.readlink(path).startswith("/"), path
                 assert path.exists(), f"{path} dangles"
-                assert path.resolve().is_relative_to(h100.resolve()), path
-    assert links > 300
+                assert path.resolve().is_relative_to(root.resolve()), path
+    assert links > 100
 
 
 def test_h100_inventory_shape(h100: Path) -> None:
@@ -280,12 +294,13 @@ def _snapshot(root: Path) -> dict[str, str]:
         for name in filenames:
             path = Path(dirpath) / name
             rel = str(path.relative_to(root))
-            out[rel] = "-> " + os.readlink(path) if path.is_symlink() else path.read_text()
+            out[rel] = "-> " + os.readlink(path) if path.is_symlink() else path.read_bytes().hex()
     return out
 
 
-def test_render_is_deterministic(tmp_path: Path) -> None:
-    spec = load_builtin("a100-ib-4nic")
+@pytest.mark.parametrize("name", ["a100-ib-4nic", "h100-iommu-acs"])
+def test_render_is_deterministic(tmp_path: Path, name: str) -> None:
+    spec = load_builtin(name)
     render(spec, tmp_path / "a")
     render(spec, tmp_path / "b")
     assert _snapshot(tmp_path / "a") == _snapshot(tmp_path / "b")
@@ -348,7 +363,10 @@ def test_cli_render_from_a_spec_file(tmp_path: Path) -> None:
     ("args", "message"),
     [
         pytest.param(["--builtin", "nope"], "error: builtin:nope: $: no built-in spec", id="name"),
-        pytest.param([], "error: give exactly one of --spec FILE or --builtin NAME", id="none"),
+        pytest.param([], "error: give exactly one of --spec FILE, --builtin NAME or", id="none"),
+        pytest.param(
+            ["--builtin", "roce-cx6dx", "--synthetic", "2"], "error: give exactly one", id="two"
+        ),
         pytest.param(
             ["--builtin", "roce-cx6dx", "--node-name", "Bad_Name"],
             "error: --node-name: $.name: node name 'Bad_Name'",
@@ -382,6 +400,183 @@ def test_cli_list() -> None:
     done = CliRunner().invoke(lab, ["list", "-o", "json"])
     assert done.exit_code == 0
     names = [item["name"] for item in json.loads(done.stdout)]
-    assert names == ["a100-ib-4nic", "h100-ib-12nic", "roce-cx6dx", "roce-cx6dx-2"]
+    assert names == [
+        "a100-ib-4nic",
+        "h100-ib-12nic",
+        "h100-iommu-acs",
+        "roce-cx6dx",
+        "roce-cx6dx-2",
+    ]
     text = CliRunner().invoke(lab, ["list"]).stdout
-    assert text.splitlines()[1].startswith("h100-ib-12nic  8x H100 SXM5")
+    assert text.splitlines()[1].startswith("h100-ib-12nic   8x H100 SXM5")
+
+
+# --- IOMMU -------------------------------------------------------------------------------
+
+
+def test_iommu_absent_leaves_empty_class_and_groups(h100: Path) -> None:
+    assert os.listdir(h100 / "class/iommu") == []
+    assert os.listdir(h100 / "kernel/iommu_groups") == []
+    assert not (h100 / "bus/pci/devices/0000:19:00.0/iommu_group").exists()
+
+
+def test_iommu_present_with_dmar_units_and_groups(acs: Path) -> None:
+    assert sorted(os.listdir(acs / "class/iommu")) == ["dmar0", "dmar1"]
+    assert os.readlink(acs / "class/iommu/dmar0") == "../../devices/virtual/iommu/dmar0"
+    assert (acs / "class/iommu/dmar1/intel-iommu/version").read_text() == "1:0\n"
+    nic0 = acs / "bus/pci/devices/0000:19:00.0"
+    assert os.readlink(nic0 / "iommu") == "../../../../../virtual/iommu/dmar0"
+    group = nic0 / "iommu_group"
+    assert os.readlink(group).startswith("../../../../../../kernel/iommu_groups/")
+    assert os.listdir(group / "devices") == ["0000:19:00.0"]  # ACS isolates it
+    assert (group / "type").read_text() == "DMA-FQ\n"
+    # Socket 1 has ACS off below its switch: the NIC shares its downstream port's group.
+    nic1_group = acs / "bus/pci/devices/0000:9b:00.0/iommu_group/devices"
+    assert sorted(os.listdir(nic1_group)) == ["0000:99:01.0", "0000:9b:00.0"]
+    assert (acs / "class/iommu/dmar1/devices/0000:9b:00.0").resolve() == (
+        acs / "bus/pci/devices/0000:9b:00.0"
+    ).resolve()
+
+
+# --- SR-IOV ------------------------------------------------------------------------------
+
+
+def test_sriov_pf_attributes(acs: Path) -> None:
+    pf = acs / "bus/pci/devices/0000:19:00.0"
+    values = {n: (pf / n).read_text() for n in os.listdir(pf) if n.startswith("sriov_")}
+    assert values == {
+        "sriov_totalvfs": "8\n",
+        "sriov_numvfs": "2\n",
+        "sriov_offset": "1\n",
+        "sriov_stride": "1\n",
+        "sriov_vf_device": "101e\n",  # bare hex, as pci/iov.c prints it
+        "sriov_drivers_autoprobe": "1\n",
+    }
+    assert not (acs / "bus/pci/devices/0000:9b:00.0/sriov_totalvfs").exists()
+
+
+def test_sriov_links_resolve_both_ways(acs: Path) -> None:
+    pf = acs / "bus/pci/devices/0000:19:00.0"
+    vfs = sorted(n for n in os.listdir(pf) if n.startswith("virtfn"))
+    assert vfs == ["virtfn0", "virtfn1"]
+    for n, name in enumerate(vfs):
+        assert os.readlink(pf / name) == f"../0000:19:00.{n + 1}"
+        vf = (pf / name).resolve()
+        assert os.readlink(vf / "physfn") == "../0000:19:00.0"
+        assert (vf / "physfn").resolve() == pf.resolve()
+        assert (acs / "bus/pci/devices" / vf.name).resolve() == vf
+
+
+def test_vf_files(acs: Path) -> None:
+    vf = acs / "bus/pci/devices/0000:19:00.1"
+    files = {n: (vf / n).read_text() for n in ("vendor", "device", "class", "numa_node")}
+    assert files == {"vendor": "0x15b3\n", "device": "0x101e\n", "class": "0x020700\n",
+                     "numa_node": "0\n"}  # fmt: skip
+    # A VF has no link of its own: the kernel reads zeros and prints Unknown / 0.
+    assert (vf / "current_link_speed").read_text() == "Unknown\n"
+    assert (vf / "max_link_width").read_text() == "0\n"
+    assert os.readlink(vf / "driver").endswith("bus/pci/drivers/mlx5_core")
+
+
+def test_vf_rdma_devices_follow_the_pfs(acs: Path) -> None:
+    assert sorted(os.listdir(acs / IB)) == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    vf = acs / IB / "mlx5_2"
+    assert vf.resolve().parent.parent.name == "0000:19:00.1"
+    assert (vf / "hca_type").read_text() == "MT4126\n"
+    assert (vf / "node_guid").read_text() == "946d:ae03:012b:1c40\n"
+    assert (vf / "sys_image_guid").read_text() == "946d:ae03:002b:1c40\n"
+    assert (vf / "ports/1/state").read_text() == "4: ACTIVE\n"
+    assert not (vf / "device/net").exists()
+    assert (acs / "class/infiniband_verbs/uverbs3/ibdev").read_text() == "mlx5_3\n"
+
+
+def test_cli_counts_vf_rdma_devices(tmp_path: Path) -> None:
+    args = ["render", "--builtin", "h100-iommu-acs", "--out", str(tmp_path), "-o", "json"]
+    assert json.loads(CliRunner().invoke(lab, args).stdout)["adapters"] == 4
+
+
+# --- modules and counters ----------------------------------------------------------------
+
+
+def test_every_module_has_a_srcversion(h100: Path, roce: Path) -> None:
+    for root in (h100, roce):
+        for module in os.listdir(root / "module"):
+            text = (root / "module" / module / "srcversion").read_text()
+            assert re.fullmatch(r"[0-9A-F]{23}\n", text), (module, text)
+    assert (h100 / "module/mlx5_core/srcversion").read_text() != (
+        h100 / "module/mlx5_ib/srcversion"
+    ).read_text()
+
+
+MINI = """
+name: mini
+numa_nodes: {0: "0-3"}
+modules:
+  nv_peer_mem: {version: "1.3-0", srcversion: "0123456789ABCDEF0123456"}
+  ib_core: {srcversion: null}
+host_bridges: [{name: "pci0000:00", root_ports: ["0000:00:01.0"]}]
+adapters:
+  - name: mlx5_0
+    model: ConnectX-6
+    address: "0000:01:00.0"
+    parent: "0000:00:01.0"
+    node_guid: "0x0002c90300a1b2c0"
+    fw_ver: "20.39.1002"
+    board_id: MT_0000000223
+    counters_ext: true
+    ports:
+      - rate: 4X HDR
+        counters: {port_xmit_data: 4294967295}
+        counters_ext: {port_xmit_data_64: 8589934592}
+        hw_counter_names: []
+"""
+
+
+def test_module_options(tmp_path: Path) -> None:
+    render(parse_spec(MINI), tmp_path)
+    legacy = tmp_path / "module/nv_peer_mem"
+    assert (legacy / "version").read_text() == "1.3-0\n"
+    assert (legacy / "srcversion").read_text() == "0123456789ABCDEF0123456\n"
+    assert sorted(os.listdir(tmp_path / "module/ib_core")) == ["initstate"]
+
+
+def test_legacy_counter_layout(tmp_path: Path) -> None:
+    render(parse_spec(MINI), tmp_path)
+    port = tmp_path / IB / "mlx5_0/ports/1"
+    counters = sorted(os.listdir(port / "counters"))
+    assert len(counters) == 17 and "unicast_xmit_packets" not in counters
+    assert sorted(os.listdir(port / "counters_ext")) == [
+        "port_multicast_rcv_packets", "port_multicast_xmit_packets", "port_rcv_data_64",
+        "port_rcv_packets_64", "port_unicast_rcv_packets", "port_unicast_xmit_packets",
+        "port_xmit_data_64", "port_xmit_packets_64",
+    ]  # fmt: skip
+    assert (port / "counters/port_xmit_data").read_text() == "4294967295\n"
+    assert (port / "counters_ext/port_xmit_data_64").read_text() == "8589934592\n"
+    assert not (port / "hw_counters").exists()  # an empty set renders no directory
+
+
+def test_modern_layout_has_no_counters_ext(h100: Path) -> None:
+    assert not (h100 / IB / "mlx5_0/ports/1/counters_ext").exists()
+
+
+# --- synthetic ---------------------------------------------------------------------------
+
+
+def test_cli_render_synthetic(tmp_path: Path) -> None:
+    args = ["render", "--synthetic", "3", "--ports", "2", "--gpus", "2", "--out", str(tmp_path)]
+    done = CliRunner().invoke(lab, [*args, "--hw-counters", "10", "-o", "json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout) == {
+        "node": "synthetic-3", "root": str(tmp_path), "gpus": 2, "adapters": 6, "netdevs": 6,
+    }  # fmt: skip
+    port = tmp_path / IB / "mlx5_5/ports/1"
+    assert len(os.listdir(port / "counters")) == 21
+    assert len(os.listdir(port / "hw_counters")) == 10
+    assert (port / "hw_counters/lifespan").read_text() == "10\n"
+
+
+def test_cli_render_synthetic_refuses_invented_counters(tmp_path: Path) -> None:
+    args = ["render", "--synthetic", "2", "--counters", "25", "--out", str(tmp_path)]
+    done = CliRunner().invoke(lab, args)
+    assert done.exit_code == 2
+    assert "25 is not in the range 0<=x<=21" in done.output

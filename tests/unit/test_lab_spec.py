@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from agent.lab.spec import (
+    Module,
     NodeSpec,
     SpecError,
     builtin_specs,
@@ -121,8 +122,40 @@ def test_builtin_specs_load_and_are_named_after_their_file(name: str) -> None:
     assert spec.description
 
 
-def test_builtin_specs_are_the_shipped_four() -> None:
-    assert builtin_specs() == ["a100-ib-4nic", "h100-ib-12nic", "roce-cx6dx", "roce-cx6dx-2"]
+def test_builtin_specs_are_the_shipped_five() -> None:
+    assert builtin_specs() == [
+        "a100-ib-4nic", "h100-ib-12nic", "h100-iommu-acs", "roce-cx6dx", "roce-cx6dx-2",
+    ]  # fmt: skip
+
+
+def test_new_keys_parse_with_documented_defaults() -> None:
+    def extend(doc: dict[str, Any]) -> None:
+        doc["iommu"] = True
+        doc["modules"] = {"mlx5_core": None, "nv_peer_mem": {"version": "1.3-0"}}
+        doc["switches"][0]["acs"] = "enabled"
+        doc["switches"][0]["downstream"][1] = {"address": "0000:17:01.0", "acs": {"control": 0}}
+        doc["adapters"][0]["sriov"] = {"totalvfs": 8, "numvfs": 2}
+        doc["adapters"][0]["counters_ext"] = True
+
+    spec = parse_spec(_with(extend))
+    assert spec.iommu
+    assert spec.modules["mlx5_core"] is None
+    assert isinstance(spec.modules["nv_peer_mem"], Module)
+    assert spec.modules["nv_peer_mem"].srcversion is msgspec.UNSET  # derived when rendered
+    assert spec.switches[0].acs == "enabled"
+    sriov = spec.adapters[0].sriov
+    assert sriov is not None and (sriov.driver, sriov.rdma) == ("mlx5_core", False)
+    assert parse_spec(_yaml(BASE)).iommu is False
+
+
+def _colliding_vf(doc: dict[str, Any]) -> None:
+    """mlx5_0 at 19:00.0 with 8 VFs (devfn 1..8) and another card at 19:01.0 (devfn 8)."""
+    doc["adapters"][0]["sriov"] = {"totalvfs": 8}
+    other = copy.deepcopy(doc["adapters"][0])
+    other.update(name="mlx5_9", address="0000:19:01.0", node_guid="0x58a2e103001b2577")
+    other["ports"] = [{"rate": "4X NDR"}]
+    del other["sriov"]
+    doc["adapters"].append(other)
 
 
 def test_h100_spec_carries_the_ibstat_values_of_the_fixture() -> None:
@@ -322,6 +355,68 @@ _DUPLICATE = _set("adapters.1.address", "0000:19:00.0")
             "$.adapters[0].ports[0].counters",
             "matching regex",
             id="counter-name-with-slash",
+        ),
+        pytest.param(
+            _set("switches.0.upstream", {"address": "0000:16:00.0", "acs": "enabled"}),
+            "$.switches[0].upstream.acs",
+            "ACS belongs to downstream ports",
+            id="acs-on-upstream-port",
+        ),
+        pytest.param(
+            _set("switches.0.acs", {"control": 0x20}),
+            "$.switches[0].acs.control",
+            "control 0x20 sets bits the capability 0x5f lacks",
+            id="acs-control-beyond-capability",
+        ),
+        pytest.param(
+            _set(
+                "host_bridges.0.root_ports.0", {"address": "0000:15:01.0", "acs": {"control": 0x40}}
+            ),
+            "$.host_bridges[0].root_ports[0].acs.control",
+            "capability 0x1f lacks",
+            id="root-port-has-no-direct-translated",
+        ),
+        pytest.param(
+            _set("switches.0.acs", "on"),
+            "$.switches[0].acs",
+            "Invalid enum value 'on'",
+            id="acs-unknown-word",
+        ),
+        pytest.param(
+            _set("adapters.0.sriov", {"totalvfs": 2, "numvfs": 3}),
+            "$.adapters[0].sriov.numvfs",
+            "numvfs 3 exceeds totalvfs 2",
+            id="more-vfs-than-total",
+        ),
+        pytest.param(
+            _set("adapters.1.sriov", {"totalvfs": 255}),
+            "$.adapters[1].sriov.totalvfs",
+            "255 VFs from devfn 0x02 do not fit on bus 0000:98",
+            id="vfs-off-the-bus",
+        ),
+        pytest.param(
+            _colliding_vf,
+            "$.adapters[0].sriov.totalvfs",
+            "VF routing ID 0000:19:01.0 collides with $.adapters[3].address",
+            id="vf-collides-with-a-declared-function",
+        ),
+        pytest.param(
+            _set("adapters.0.sriov", {"totalvfs": 2, "rdma": True, "driver": "vfio-pci"}),
+            "$.adapters[0].sriov.rdma",
+            "need the VFs bound to mlx5_core",
+            id="vf-rdma-without-mlx5",
+        ),
+        pytest.param(
+            _set("adapters.0.ports.0.counters_ext", {"port_xmit_data_64": 1}),
+            "$.adapters[0].ports[0].counters_ext",
+            "set counters_ext: true on the adapter first",
+            id="counters-ext-values-without-the-layout",
+        ),
+        pytest.param(
+            _set("modules", {"mlx5_core": {"srcversion": "abc"}}),
+            "$.modules[...].srcversion",
+            "matching regex",
+            id="srcversion-not-23-hex-digits",
         ),
     ],
 )

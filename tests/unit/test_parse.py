@@ -6,8 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from agent import parse
+from agent import parse, pciparse
 from agent.errors import ParseError
 
 
@@ -123,10 +125,21 @@ def test_parse_guid(text: str, expected: str) -> None:
         pytest.param("4294967295\n", 4294967295, id="saturated-32-bit-kept"),
         pytest.param("18446744073709551615\n", 2**64 - 1, id="u64-max"),
         pytest.param("N/A (no PMA)\n", None, id="no-pma"),
+        pytest.param("  42  \n", 42, id="surrounding-space"),
     ],
 )
 def test_parse_counter(text: str, expected: int | None) -> None:
     assert parse.parse_counter(text) == expected
+    assert parse.parse_counter(text.encode()) == expected  # what pread returns
+
+
+@given(st.binary(max_size=80))
+def test_parse_counter_takes_any_bytes(data: bytes) -> None:
+    try:
+        value = parse.parse_counter(data)
+    except ParseError:
+        return
+    assert value is None or 0 <= value < 2**64
 
 
 @pytest.mark.parametrize(
@@ -142,7 +155,7 @@ def test_parse_counter(text: str, expected: int | None) -> None:
     ],
 )
 def test_parse_link_speed(text: str, expected: float | None) -> None:
-    assert parse.parse_link_speed(text) == expected
+    assert pciparse.parse_link_speed(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -153,7 +166,7 @@ def test_parse_link_speed(text: str, expected: float | None) -> None:
     ],
 )
 def test_parse_link_width(text: str, expected: int) -> None:
-    assert parse.parse_link_width(text) == expected
+    assert pciparse.parse_link_width(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -165,7 +178,7 @@ def test_parse_link_width(text: str, expected: int) -> None:
     ],
 )
 def test_parse_numa_node(text: str, expected: int | None) -> None:
-    assert parse.parse_numa_node(text) == expected
+    assert pciparse.parse_numa_node(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -177,7 +190,7 @@ def test_parse_numa_node(text: str, expected: int | None) -> None:
     ],
 )
 def test_parse_pci_address(text: str, expected: str) -> None:
-    assert parse.parse_pci_address(text) == expected
+    assert pciparse.parse_pci_address(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -211,19 +224,30 @@ def test_parse_pci_address(text: str, expected: str) -> None:
     ],
 )
 def test_parse_pci_devpath(devpath: str, expected: tuple[str, tuple[str, ...]]) -> None:
-    assert parse.parse_pci_devpath(devpath) == expected
+    assert pciparse.parse_pci_devpath(devpath) == expected
 
 
 @pytest.mark.parametrize(
     ("parser", "text", "expected"),
     [
-        pytest.param(lambda t: parse.parse_pci_id(t), "0x15B3\n", "0x15b3", id="pci-id"),
-        pytest.param(parse.parse_pci_class, "0x020700\n", "0x020700", id="pci-class"),
-        pytest.param(parse.parse_cpulist, "0-23,48-71\n", "0-23,48-71", id="cpulist"),
-        pytest.param(parse.parse_cpulist, "5\n", "5", id="cpulist-single"),
-        pytest.param(parse.parse_cpulist, "\n", None, id="cpulist-empty"),
+        pytest.param(lambda t: pciparse.parse_pci_id(t), "0x15B3\n", "0x15b3", id="pci-id"),
+        pytest.param(pciparse.parse_pci_class, "0x020700\n", "0x020700", id="pci-class"),
+        pytest.param(pciparse.parse_cpulist, "0-23,48-71\n", "0-23,48-71", id="cpulist"),
+        pytest.param(pciparse.parse_cpulist, "5\n", "5", id="cpulist-single"),
+        pytest.param(pciparse.parse_cpulist, "\n", None, id="cpulist-empty"),
         pytest.param(parse.parse_string, "20.35.1012\n", "20.35.1012", id="string"),
-        pytest.param(parse.parse_string, " \n", None, id="string-empty"),
+        pytest.param(parse.parse_string, "MT_0000000838", "MT_0000000838", id="string-no-newline"),
+        pytest.param(pciparse.parse_power_state, "D3cold\n", "D3cold", id="power-state"),
+        pytest.param(pciparse.parse_pci_revision, "0x01\n", "0x01", id="pci-revision"),
+        pytest.param(parse.parse_gid, "FE80:0000:0000:0000:58A2:E103:001B:2576\n",
+                     "fe80:0000:0000:0000:58a2:e103:001b:2576", id="gid"),
+        pytest.param(parse.parse_pkey, "0xffff\n", "0xffff", id="pkey"),
+        pytest.param(parse.parse_pkey, "0x7fff\n", "0x7fff", id="pkey-limited-member"),
+        pytest.param(parse.parse_pkey, "0x1\n", "0x0001", id="pkey-padded"),
+        pytest.param(lambda t: parse.parse_hex_text(t, "cap_mask"), "0xA751E848\n", "0xa751e848",
+                     id="cap-mask"),
+        pytest.param(lambda t: parse.parse_hex_text(t, "cap_mask"), "0x10000\n", "0x00010000",
+                     id="cap-mask-padded"),
         pytest.param(parse.parse_operstate, "up\n", "up", id="operstate"),
         pytest.param(parse.parse_hw_address, "B8:CE:F6:01:02:03\n", "b8:ce:f6:01:02:03", id="mac"),
         pytest.param(
@@ -235,7 +259,7 @@ def test_parse_pci_devpath(devpath: str, expected: tuple[str, tuple[str, ...]]) 
         pytest.param(lambda t: parse.parse_bool01(t, "carrier"), "1\n", True, id="carrier"),
         pytest.param(lambda t: parse.parse_decimal(t, "mtu"), "4092\n", 4092, id="decimal"),
     ],
-)
+)  # fmt: skip
 def test_parse_small_attributes(parser: Callable[[str], Any], text: str, expected: Any) -> None:
     assert parser(text) == expected
 
@@ -259,26 +283,40 @@ GARBAGE: list[Any] = [
     pytest.param(parse.parse_counter, "", "counter", id="counter-empty"),
     pytest.param(parse.parse_counter, "１２", "counter", id="counter-non-ascii-digits"),
     pytest.param(parse.parse_counter, str(2**64), "counter", id="counter-over-64-bit"),
-    pytest.param(parse.parse_link_speed, "33 MHz PCI", "link speed", id="speed-pci-x"),
-    pytest.param(parse.parse_link_speed, "fast", "link speed", id="speed-word"),
-    pytest.param(parse.parse_link_width, "x16", "width", id="width-prefixed"),
-    pytest.param(parse.parse_link_width, "-4", "width", id="width-negative"),
-    pytest.param(parse.parse_numa_node, "-2", "numa_node", id="numa-below-minus-one"),
-    pytest.param(parse.parse_numa_node, "zero", "numa_node", id="numa-word"),
-    pytest.param(parse.parse_pci_address, "3b:00.0", "PCI address", id="address-no-domain"),
-    pytest.param(parse.parse_pci_address, "0000:3b:20.0", "PCI address", id="address-dev-32"),
-    pytest.param(parse.parse_pci_address, "0000:3b:00.8", "PCI address", id="address-fn-8"),
-    pytest.param(parse.parse_pci_id, "15b3", "PCI id", id="pci-id-no-prefix"),
-    pytest.param(parse.parse_pci_class, "0x0207", "PCI class", id="pci-class-short"),
-    pytest.param(parse.parse_cpulist, "0-15,", "cpulist", id="cpulist-trailing-comma"),
+    pytest.param(parse.parse_counter, "+5", "counter", id="counter-plus-sign"),
+    pytest.param(parse.parse_counter, "1_000", "counter", id="counter-underscore"),
+    pytest.param(parse.parse_counter, "\x00\x01\xff", "counter", id="counter-binary"),
+    pytest.param(parse.parse_string, " \n", "empty", id="string-empty"),
+    pytest.param(parse.parse_string, "20.3\x00\x01", "printable", id="string-binary"),
+    pytest.param(parse.parse_string, "fw\ufffd", "printable", id="string-undecodable"),
+    pytest.param(parse.parse_gid, "fe80::1", "GID", id="gid-compressed"),
+    pytest.param(parse.parse_pkey, "0x1ffff", "P_Key", id="pkey-too-wide"),
+    pytest.param(pciparse.parse_power_state, "D4", "power_state", id="power-state-unknown"),
+    pytest.param(pciparse.parse_pci_revision, "1", "revision", id="revision-no-prefix"),
+    pytest.param(
+        lambda t: parse.parse_decimal(t, "mtu"), "٤٠٩٢", "mtu", id="decimal-arabic-digits"
+    ),
+    pytest.param(lambda t: parse.parse_decimal(t, "mtu"), "9" * 40, "mtu", id="decimal-huge"),
+    pytest.param(pciparse.parse_link_speed, "33 MHz PCI", "link speed", id="speed-pci-x"),
+    pytest.param(pciparse.parse_link_speed, "fast", "link speed", id="speed-word"),
+    pytest.param(pciparse.parse_link_width, "x16", "width", id="width-prefixed"),
+    pytest.param(pciparse.parse_link_width, "-4", "width", id="width-negative"),
+    pytest.param(pciparse.parse_numa_node, "-2", "numa_node", id="numa-below-minus-one"),
+    pytest.param(pciparse.parse_numa_node, "zero", "numa_node", id="numa-word"),
+    pytest.param(pciparse.parse_pci_address, "3b:00.0", "PCI address", id="address-no-domain"),
+    pytest.param(pciparse.parse_pci_address, "0000:3b:20.0", "PCI address", id="address-dev-32"),
+    pytest.param(pciparse.parse_pci_address, "0000:3b:00.8", "PCI address", id="address-fn-8"),
+    pytest.param(pciparse.parse_pci_id, "15b3", "PCI id", id="pci-id-no-prefix"),
+    pytest.param(pciparse.parse_pci_class, "0x0207", "PCI class", id="pci-class-short"),
+    pytest.param(pciparse.parse_cpulist, "0-15,", "cpulist", id="cpulist-trailing-comma"),
     pytest.param(parse.parse_operstate, "UP", "operstate", id="operstate-upper"),
     pytest.param(parse.parse_hw_address, "b8-ce-f6-01-02-03", "hardware", id="mac-dashes"),
     pytest.param(lambda t: parse.parse_bool01(t, "carrier"), "yes", "carrier", id="carrier-word"),
     pytest.param(
-        parse.parse_pci_devpath, "/devices/virtual/infiniband/rxe0", "PCI device path", id="virt"
+        pciparse.parse_pci_devpath, "/devices/virtual/infiniband/rxe0", "PCI device path", id="virt"
     ),
     pytest.param(
-        parse.parse_pci_devpath, "/devices/0000:00:02.1", "PCI device path", id="no-host-bridge"
+        pciparse.parse_pci_devpath, "/devices/0000:00:02.1", "PCI device path", id="no-host-bridge"
     ),
 ]
 
@@ -305,32 +343,62 @@ def test_garbage_raises_parse_error_naming_what(
     ],
 )
 def test_is_gpu(vendor: str | None, class_code: str | None, expected: bool) -> None:
-    assert parse.is_gpu(vendor, class_code) is expected
+    assert pciparse.is_gpu(vendor, class_code) is expected
 
 
 @pytest.mark.parametrize(
-    ("group", "name", "key"),
+    ("counters", "counters_ext", "expected"),
     [
-        pytest.param("counters", "port_xmit_data", "port_xmit_data", id="pma-plain"),
-        pytest.param(
-            "counters_ext", "port_xmit_data_64", "counters_ext/port_xmit_data_64", id="ext"
-        ),
-        pytest.param("hw_counters", "out_of_buffer", "hw_counters/out_of_buffer", id="hw"),
+        pytest.param({"port_rcv_data": 3, "port_xmit_data": 10}, {}, (12, 40), id="4-octet-units"),
+        pytest.param({}, {"port_rcv_data_64": 5, "port_xmit_data_64": 6}, (20, 24),
+                     id="mlx4-ext-only"),
+        pytest.param({"port_rcv_data": 2**32 - 1, "port_xmit_data": 7},
+                     {"port_rcv_data_64": 2**33, "port_xmit_data_64": 9},
+                     (2**35, 28), id="saturated-32-bit-falls-back-to-ext"),
+        pytest.param({"port_rcv_data": 2**32 - 1}, {}, ((2**32 - 1) * 4, None),
+                     id="saturated-without-ext-kept"),
+        pytest.param({}, {}, (None, None), id="no-data-counters"),
     ],
-)
-def test_counter_key(group: str, name: str, key: str) -> None:
-    assert parse.counter_key(group, name) == key
+)  # fmt: skip
+def test_data_octets(
+    counters: dict[str, int], counters_ext: dict[str, int], expected: tuple[int | None, ...]
+) -> None:
+    assert parse.data_octets(counters, counters_ext) == expected
+
+
+def test_natural_key_orders_numbers_by_value() -> None:
+    names = ["mlx5_10", "mlx5_2", "i40iw0", "mlx5_1", "mlx4_0", "uverbs11", "uverbs3"]
+    assert sorted(names, key=parse.natural_key) == [
+        "i40iw0", "mlx4_0", "mlx5_1", "mlx5_2", "mlx5_10", "uverbs3", "uverbs11",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("name", "value", "expected"),
+    ("device", "upstream", "effective"),
     [
-        pytest.param("port_xmit_data", 10, 40, id="xmit-data-4-octet-units"),
-        pytest.param("port_rcv_data", 4631917, 18527668, id="rcv-data"),
-        pytest.param("counters_ext/port_rcv_data_64", 3, 12, id="ext-64"),
-        pytest.param("port_xmit_packets", 10, 10, id="packets-unchanged"),
-        pytest.param("hw_counters/rx_write_requests", 7, 7, id="hw-unchanged"),
+        pytest.param(32.0, 16.0, 16.0, id="gen5-card-in-gen4-slot"),
+        pytest.param(16.0, 32.0, 16.0, id="gen4-card-in-gen5-slot"),
+        pytest.param(16, 8, 8, id="x16-card-in-x8-slot"),
+        pytest.param(16.0, None, 16.0, id="no-upstream-port"),
+        pytest.param(None, 8.0, 8.0, id="device-max-unreadable"),
+        pytest.param(None, None, None, id="nothing-known"),
     ],
 )
-def test_data_bytes(name: str, value: int, expected: int) -> None:
-    assert parse.data_bytes(name, value) == expected
+def test_effective_max(
+    device: float | None, upstream: float | None, effective: float | None
+) -> None:
+    assert pciparse.effective_max(device, upstream) == effective
+
+
+@pytest.mark.parametrize(
+    ("current", "maximum", "degraded"),
+    [
+        pytest.param(16.0, 32.0, True, id="slower"),
+        pytest.param(8, 16, True, id="narrower"),
+        pytest.param(32.0, 32.0, False, id="at-max"),
+        pytest.param(None, 32.0, False, id="link-down-unknown"),
+        pytest.param(16.0, None, False, id="max-unknown"),
+    ],
+)
+def test_is_degraded(current: float | None, maximum: float | None, degraded: bool) -> None:
+    assert pciparse.is_degraded(current, maximum) is degraded

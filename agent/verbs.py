@@ -1,0 +1,59 @@
+"""The optional verbs probe: can this host open RDMA devices through libibverbs?
+
+The only module that imports pyverbs, and only inside `probe_verbs`: rdma-core's Python
+binding is an OS package (Debian `python3-pyverbs`), usually absent, never required.
+The probe answers with one line of text for `Platform.verbs` and never raises. Stdlib
+only at import, so the probe also runs under the system Python that owns pyverbs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+UNAVAILABLE = "verbs unavailable"
+
+
+def probe_verbs(*, search_path: Path | None = None) -> str:
+    """Answer "ok: N devices" or "verbs unavailable: <reason>".
+
+    `search_path` is a directory holding the `pyverbs` package (Debian installs it in
+    /usr/lib/python3/dist-packages for the system Python). Only that package is loaded
+    from there: the whole directory on sys.path would let any other Debian package fill
+    a gap in the agent's own environment unnoticed.
+    """
+    try:
+        device, errors = _import_pyverbs(search_path)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "pyverbs":
+            return f"{UNAVAILABLE}: pyverbs not installed"
+        return f"{UNAVAILABLE}: pyverbs cannot be imported: {exc}"
+    except ImportError as exc:  # e.g. built for another Python ABI
+        return f"{UNAVAILABLE}: pyverbs cannot be imported: {exc}"
+    try:
+        devices = device.get_device_list()
+    except (errors.PyverbsError, OSError) as exc:
+        # Without RDMA devices (or without the kernel's RDMA subsystem) rdma-core says
+        # "Failed to get devices list".
+        return f"{UNAVAILABLE}: {str(exc).strip() or type(exc).__name__}"
+    return f"ok: {len(devices)} devices"
+
+
+def _import_pyverbs(search_path: Path | None) -> tuple[ModuleType, ModuleType]:
+    if search_path is not None and "pyverbs" not in sys.modules:
+        spec = importlib.machinery.PathFinder.find_spec("pyverbs", [str(search_path)])
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"no pyverbs package in {search_path}", name="pyverbs")
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["pyverbs"] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules["pyverbs"]
+            raise
+    device = importlib.import_module("pyverbs.device")
+    return device, importlib.import_module("pyverbs.pyverbs_error")

@@ -1,0 +1,55 @@
+"""The committed kubelet gRPC stubs are exactly what grpcio-tools generates from the .proto."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grpc_tools")
+
+from proto.deviceplugin import api_pb2, generate, pluginregistration_pb2
+
+
+def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
+    fresh = generate.generate(tmp_path)
+    committed = generate.generated_files(generate.REPO_ROOT)
+    assert [p.name for p in fresh] == [p.name for p in committed]
+    stale = [
+        c.name for f, c in zip(fresh, committed, strict=True) if f.read_bytes() != c.read_bytes()
+    ]
+    assert not stale, f"stale generated stubs {stale}: run `make stubs` and commit the result"
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "number"),
+    [
+        (api_pb2.RegisterRequest, "options", 4),
+        (api_pb2.Device, "topology", 3),
+        (api_pb2.ContainerAllocateResponse, "envs", 1),
+        (api_pb2.ContainerAllocateResponse, "mounts", 2),
+        (api_pb2.ContainerAllocateResponse, "devices", 3),
+        (api_pb2.ContainerAllocateResponse, "annotations", 4),
+        (api_pb2.ContainerAllocateResponse, "cdi_devices", 5),
+        (api_pb2.ContainerPreferredAllocationRequest, "allocation_size", 3),
+        (pluginregistration_pb2.PluginInfo, "supported_versions", 4),
+        (pluginregistration_pb2.RegistrationStatus, "error", 2),
+    ],
+)
+def test_field_numbers_are_the_upstream_ones(message: type, field: str, number: int) -> None:
+    assert message.DESCRIPTOR.fields_by_name[field].number == number
+
+
+def test_wire_names_come_from_the_proto_packages() -> None:
+    plugin = api_pb2.DESCRIPTOR.services_by_name["DevicePlugin"]
+    assert plugin.full_name == "v1beta1.DevicePlugin"
+    assert [m.name for m in plugin.methods] == [
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ]
+    assert plugin.methods_by_name["ListAndWatch"].server_streaming
+    watcher = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
+    assert watcher.full_name == "pluginregistration.Registration"
