@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install demo test lint typecheck contracts unit clean
+.PHONY: install demo test lint typecheck contracts unit stubs clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ unit: install
 	$(BIN)/pytest -q
 
 test: install lint typecheck contracts unit
+
+stubs: install
+	$(BIN)/python proto/deviceplugin/generate.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from agent import counters, parse, pci
 from agent.errors import ReadErrorLog, ReadFailed
@@ -38,10 +38,19 @@ class RdmaDevice:
     function: pci.PciFunction | None
 
 
-def char_devices(sysfs: Sysfs, errors: ReadErrorLog) -> dict[str, list[str]]:
-    """ibdev name -> its /dev/infiniband nodes (uverbsN, umadN, issmN), matched exactly.
+class CharDevices(NamedTuple):
+    by_ibdev: dict[str, list[str]]  # uverbsN, umadN, issmN of each device
+    shared: list[str]  # nodes every device can use: rdma_cm
 
-    A class directory exists only while its module (ib_uverbs, ib_umad) is loaded.
+    def of(self, name: str) -> tuple[str, ...]:
+        return tuple(sorted(self.by_ibdev.get(name, []) + self.shared, key=parse.natural_key))
+
+
+def char_devices(sysfs: Sysfs, errors: ReadErrorLog) -> CharDevices:
+    """The /dev/infiniband nodes of every device, matched by `ibdev` exactly.
+
+    A class directory exists only while its module (ib_uverbs, ib_umad) is loaded;
+    rdma_cm only while rdma_ucm is.
     """
     found: dict[str, list[str]] = defaultdict(list)
     for cls in CHAR_DEVICE_CLASSES:
@@ -63,12 +72,10 @@ def char_devices(sysfs: Sysfs, errors: ReadErrorLog) -> dict[str, list[str]]:
             ibdev = read_value(node, "ibdev", parse.parse_string, errors)
             if ibdev is not None:
                 found[ibdev].append(f"/dev/infiniband/{entry}")
-    if sysfs.exists(RDMA_CM_CLASS):
-        found[""].append(RDMA_CM_DEVICE)  # "" = every device
-    return found
+    return CharDevices(found, [RDMA_CM_DEVICE] if sysfs.exists(RDMA_CM_CLASS) else [])
 
 
-def read_device(sysfs: Sysfs, name: str, chars: dict[str, list[str]]) -> RdmaDevice:
+def read_device(sysfs: Sysfs, name: str, chars: CharDevices) -> RdmaDevice:
     """Everything nicfleet reports about `class/infiniband/<name>`."""
     errors = ReadErrorLog()
     try:
@@ -86,7 +93,6 @@ def read_device(sysfs: Sysfs, name: str, chars: dict[str, list[str]]) -> RdmaDev
         fn = pci.function_of(device_dir, errors)
         interfaces = read_interfaces(device_dir, errors)
     ports = tuple(read_port(sysfs, d, n, errors) for n in counters.port_numbers(d, errors))
-    devices = chars.get(name, []) + chars.get("", [])
 
     def guid(attr: str) -> str | None:
         return read_value(d, attr, lambda t: parse.parse_guid(t, attr), errors)
@@ -113,7 +119,7 @@ def read_device(sysfs: Sysfs, name: str, chars: dict[str, list[str]]) -> RdmaDev
         local_cpulist=fn.local_cpulist if fn else None,
         netdevs=tuple(i.name for i in interfaces),
         interfaces=interfaces,
-        char_devices=tuple(sorted(devices, key=parse.natural_key)),
+        char_devices=chars.of(name),
         pcie=fn.pcie if fn else None,
         sriov=fn.sriov if fn else None,
         pci_path=fn.chain if fn else (),

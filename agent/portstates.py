@@ -68,8 +68,9 @@ class _Held:
 
 class PortStateReader:
     """`collect_port_states` at a fraction of the cost, for a poll every 100 ms: two
-    preads per port and one listing of class/infiniband; a changed device list or a
-    vanished file (device removed) rediscovers at once. Call `close()` when done."""
+    preads (and fstats) per port and one listing of class/infiniband; a changed device
+    list or a vanished file (device removed) rediscovers at once, a file replaced by a
+    new inode is reopened. Call `close()` when done."""
 
     def __init__(self, sysfs: Sysfs, *, timeout: float | None = 1.0) -> None:
         self.sysfs = sysfs
@@ -115,6 +116,12 @@ class PortStateReader:
             texts: list[str] = []
             for file in (state_file, phys_file):
                 try:
+                    if file.fd >= 0 and os.fstat(file.fd).st_nlink == 0:
+                        # Replaced underneath us (sysfs never does this, lab trees written
+                        # atomically do): a held descriptor would read the old inode forever.
+                        fd, file.fd = file.fd, -1
+                        os.close(fd)
+                        file.fd = self.sysfs.open_file(file.host, file.path)
                     if file.fd >= 0:
                         data = self.sysfs.pread(file.fd, file.path, READ_SIZE)
                     else:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from msgspec.structs import replace
 
@@ -35,6 +35,7 @@ DEFAULT_DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_PLUGINS_REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
 SelectFn = Callable[[NodeSnapshot, ResourceConfig], Selection]
+_NOT_WRITTEN: Final = object()  # the CDI file's state is unknown until first written
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +86,8 @@ class DevicePluginManager:
         self._port_states: PortStates = {}
         self._selections: dict[str, Selection] = {}
         self._tasks: asyncio.TaskGroup | None = None
-        self._last_status: Any = None
-        self._cdi_written: dict[str, Any] | None = None
+        self._last_status: DevicePluginStatus | None = None
+        self._cdi_written: object = _NOT_WRITTEN
 
     # -- the agent's API -------------------------------------------------------------
 
@@ -189,16 +190,20 @@ class DevicePluginManager:
         if self._snapshot is None:
             res.feed.publish(empty_plan(res.config))
             return
-        selection = self._selections.get(name)
-        if selection is None:
-            selection = self._selections[name] = self._select(self._snapshot, res.config)
-        plan = plan_resource(
-            res.config,
-            selection,
-            self._snapshot,
-            self._port_states,
-            topology=self.settings.topology,
-        )
+        try:
+            selection = self._selections.get(name)
+            if selection is None:
+                selection = self._selections[name] = self._select(self._snapshot, res.config)
+            plan = plan_resource(
+                res.config,
+                selection,
+                self._snapshot,
+                self._port_states,
+                topology=self.settings.topology,
+            )
+        except Exception:  # one bad input must not stop the other resources' updates
+            log.exception("%s: planning failed; keeping the previous device list", name)
+            return
         if res.feed.publish(plan):
             log.info("%s: %d devices, %d healthy", name, len(plan.devices), plan.healthy_count)
 
@@ -248,4 +253,7 @@ class DevicePluginManager:
         comparable = replace(status, observed_at=0.0)
         if comparable != self._last_status:
             self._last_status = comparable
-            self._on_status(status)
+            try:
+                self._on_status(status)
+            except Exception:  # the publisher's problem must not stop serving the kubelet
+                log.exception("device-plugin status callback failed")

@@ -26,6 +26,7 @@ from agent.deviceplugin.plan import (
     plan_allocation,
     validate_ids,
 )
+from agent.errors import AgentError
 from proto.deviceplugin import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ MAX_SOCKET_PATH: Final = 107
 SocketId = tuple[int, int, int]
 
 
-class ServeError(Exception):
+class ServeError(AgentError):
     """A plugin or registration socket could not be served (retryable)."""
 
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -205,14 +204,11 @@ async def test_kubelet_restart_re_registers(dirs: Dirs, mode: RegistrationMode) 
         before = await kubelet.plugin(SHARED)
         await before.next_list()
         await kubelet.restart()  # every socket in the dir deleted, a new kubelet.sock
-        restarted = time.monotonic()
         after = await kubelet.plugin(SHARED)
         assert after is not before
         assert health(await after.next_list()) == {"Healthy"}
         await wait_until(lambda: registered(manager), what="registered again")
-        took = time.monotonic() - restarted
-    assert (dirs.plugins / "nicfleet-rdma_hca_shared.sock").exists() is False
-    print(f"{mode}: re-registered {took * 1000:.0f} ms after the kubelet restart")
+    assert not (dirs.plugins / "nicfleet-rdma_hca_shared.sock").exists()  # removed on stop
 
 
 async def test_port_down_turns_the_stream_unhealthy_and_back(dirs: Dirs) -> None:
@@ -435,3 +431,26 @@ async def test_full_list_is_re_sent_periodically(dirs: Dirs) -> None:
         first = await plugin.next_list()
         again = await plugin.next_list(timeout=5)
     assert msgspec.json.encode(str(again)) == msgspec.json.encode(str(first))
+
+
+async def test_a_failing_selector_or_status_sink_never_breaks_updates(dirs: Dirs) -> None:
+    calls: list[str] = []
+
+    def flaky_select(snapshot: object, rc: object) -> object:
+        calls.append("select")
+        raise RuntimeError("selector bug")
+
+    def broken_sink(status: DevicePluginStatus) -> None:
+        raise RuntimeError("queue full")
+
+    manager = DevicePluginManager(
+        make_manager(dirs).settings,
+        node="gpu-001",
+        select=flaky_select,  # type: ignore[arg-type]
+        on_status=broken_sink,
+    )
+    manager.apply_config(config(resource()), generation=1)
+    manager.update(two_adapters(), {})  # type: ignore[arg-type]
+    manager.update(two_adapters(), {("mlx5_0", 1): DOWN})  # type: ignore[arg-type]
+    assert calls  # it was asked, failed, and nothing was raised to the agent
+    assert resource_status(manager).advertised == 0
