@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install demo test lint typecheck contracts unit stubs clean
+.PHONY: install system-packages demo test lint typecheck contracts unit stubs clean
 
 install: $(STAMP)
 
@@ -15,6 +15,19 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(STAMP)
+
+# Debian packages some tests use for real (pyverbs: the verbs probe against rdma-core).
+# Installed only when running as root; the tests that need them skip otherwise.
+SYSTEM_PACKAGES := python3-pyverbs
+system-packages:
+	@if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+		missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+		if [ -n "$$missing" ]; then \
+			echo "installing Debian packages:$$missing"; \
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } \
+				|| echo "warning: could not install$$missing; the tests that need them will skip"; \
+		fi; \
+	fi
 
 demo: install
 	$(BIN)/nicfleetctl demo
@@ -32,7 +45,7 @@ contracts: install
 unit: install
 	$(BIN)/pytest -q
 
-test: install lint typecheck contracts unit
+test: install system-packages lint typecheck contracts unit
 
 stubs: install
 	$(BIN)/python proto/deviceplugin/generate.py

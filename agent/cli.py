@@ -20,6 +20,13 @@ from pathlib import Path
 import click
 
 from agent import __version__
+from agent.deviceplugin.manager import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+    DevicePluginSettings,
+)
+from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.inventory import collect_snapshot
 from agent.lab.cli import lab
@@ -28,6 +35,7 @@ from agent.service import AgentService, AgentSettings, with_verbs
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
 from proto.codec import to_json
+from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.subjects import InvalidNodeName, validate_node_name
 
 EXIT_USAGE = 2
@@ -161,6 +169,44 @@ def snapshot(
     is_flag=True,
     help="Do not watch netlink; netdev changes are then only seen in periodic snapshots.",
 )
+@click.option(
+    "--device-plugin-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="k8s-rdma-shared-dev-plugin config (JSON or YAML). Turns the kubelet device "
+    "plugin on; later edits of the file are applied live.",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_DEVICE_PLUGIN_DIR,
+    show_default=True,
+    help="The kubelet's device-plugin directory (kubelet.sock, plugin sockets).",
+)
+@click.option(
+    "--plugins-registry-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_PLUGINS_REGISTRY_DIR,
+    show_default=True,
+    help="The kubelet plugin watcher's directory.",
+)
+@click.option(
+    "--registration-mode",
+    type=click.Choice(["auto", "legacy", "watcher"]),
+    default="auto",
+    show_default=True,
+    help="legacy: Register on kubelet.sock; watcher: a socket in --plugins-registry-dir; "
+    "auto: watcher when that directory exists, falling back to legacy.",
+)
+@click.option("--cdi/--no-cdi", default=False, show_default=True,
+              help="Write a CDI spec and answer Allocate with CDI device names.")  # fmt: skip
+@click.option(
+    "--cdi-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_CDI_DIR,
+    show_default=True,
+    help="Where the CDI spec file is written.",
+)
+@click.option("--no-topology", is_flag=True, help="Do not attach NUMA TopologyInfo to devices.")
 def run(
     nats_url: str,
     sysfs_root: Path,
@@ -172,6 +218,13 @@ def run(
     inventory_interval: float,
     netns: str | None,
     no_netlink: bool,
+    device_plugin_config: Path | None,
+    device_plugin_dir: Path,
+    plugins_registry_dir: Path,
+    registration_mode: RegistrationMode,
+    cdi: bool,
+    cdi_dir: Path,
+    no_topology: bool,
 ) -> None:
     """Publish a snapshot on start, counters every second and link events as they happen."""
     if netns is not None:
@@ -181,6 +234,13 @@ def run(
             netns_path(netns)
         except NetlinkUnavailable as exc:
             _fail(f"--netns: {exc}")
+    if device_plugin_config is not None:
+        try:  # a config that is broken at start is an error; later edits are only logged
+            parse_device_plugin_config(
+                device_plugin_config.read_bytes(), source=str(device_plugin_config)
+            )
+        except (OSError, ConfigError) as exc:
+            _fail(f"--device-plugin-config: {exc}")
     settings = AgentSettings(
         node_name=_node_name(node_name),
         sysfs_root=sysfs_root,
@@ -192,6 +252,15 @@ def run(
         netns=netns,
         verbs=_probe_verbs(verbs, sysfs_root),
         verbs_path=verbs_path,
+        device_plugin_config=device_plugin_config,
+        device_plugin=DevicePluginSettings(
+            device_plugin_dir=device_plugin_dir,
+            plugins_registry_dir=plugins_registry_dir,
+            registration_mode=registration_mode,
+            cdi=cdi,
+            cdi_dir=cdi_dir,
+            topology=not no_topology,
+        ),
     )
     _sysfs(sysfs_root)  # fail fast, before any connection attempt
     if logging.getLogger().level > logging.INFO:

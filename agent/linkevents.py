@@ -1,9 +1,8 @@
-"""Pure netdev bookkeeping: what netlink said, the table of known netdevs, and the
+"""Pure netdev bookkeeping: netlink observations, the table of known netdevs, and the
 link events that turn one table into the next.
 
-No I/O, no clock and no pyroute2: `agent.netlink` decodes kernel messages into the
-observations defined here, the caller passes the time, and events are emitted only for
-netdevs that belong to an RDMA device (a GPU node's pod veths would flood the stream).
+No I/O, clock or pyroute2 (`agent.netlink` decodes into these observations). Events
+are emitted only for netdevs of RDMA devices: a GPU node's pod veths would flood them.
 """
 
 from __future__ import annotations

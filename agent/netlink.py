@@ -7,8 +7,11 @@ of `agent.linkevents` and decides nothing; every failure is a `NetlinkUnavailabl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +29,7 @@ RTMGRP_LINK = 0x1
 RTMGRP_IPV4_IFADDR = 0x10
 RTMGRP_IPV6_IFADDR = 0x100
 GROUPS = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
+NETLINK_ROUTE = 0
 
 # Where `ip netns add NAME` (and pyroute2) keep named network namespaces.
 NETNS_RUN_DIR = Path("/var/run/netns")
@@ -88,30 +92,29 @@ class NetlinkWatcher:
     queued as a notification, never in neither. `changes()` returns the next batch.
     """
 
-    def __init__(self, *, netns: str | None = None) -> None:
+    def __init__(self, *, netns: str | None = None, rcvbuf: int = 1 << 20) -> None:
         self.netns = netns
+        self.rcvbuf = rcvbuf  # notifications the kernel may queue while we are busy
         self._ipr: Any = None
         self._errors: tuple[type[Exception], ...] = (OSError,)
 
     async def __aenter__(self) -> Self:
         if sys.platform != "linux":
             raise NetlinkUnavailable(f"netlink needs Linux, this is {sys.platform}")
-        if self.netns is not None:
-            netns_path(self.netns)
         try:
             from pyroute2 import AsyncIPRoute
-            from pyroute2.netlink.exceptions import (
-                NetlinkDecodeError,
-                NetlinkError,
-            )
+            from pyroute2.netlink.exceptions import NetlinkDecodeError, NetlinkError
         except ImportError as exc:
             raise NetlinkUnavailable(f"pyroute2 cannot be imported: {exc}") from exc
         self._errors = (OSError, NetlinkError, NetlinkDecodeError)
         try:
-            # flags=0: pyroute2 would otherwise create a missing namespace (O_CREAT).
-            self._ipr = AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
+            if self.netns is None:
+                self._ipr = AsyncIPRoute(rcvbuf=self.rcvbuf)
+            else:
+                fd = await asyncio.to_thread(_socket_in_netns, netns_path(self.netns))
+                self._ipr = AsyncIPRoute(fileno=fd, rcvbuf=self.rcvbuf)
             await self._ipr.bind(GROUPS)
-        except Exception as exc:  # pyroute2 re-raises what its netns helper process hit
+        except self._errors as exc:
             await self.__aexit__(None, None, None)
             raise NetlinkUnavailable(f"cannot subscribe to rtnetlink: {exc}") from exc
         return self
@@ -149,6 +152,35 @@ class NetlinkWatcher:
                 return [obs async for message in messages for obs in _decoded(message)]
         except self._errors as exc:
             raise NetlinkUnavailable(f"rtnetlink socket failed: {exc}") from exc
+
+
+def _socket_in_netns(path: Path) -> int:
+    """The fd of a NETLINK_ROUTE socket created inside the namespace at `path`.
+
+    pyroute2's own netns support forks a helper process, and a fork of an asyncio
+    process shares the loop's signal wakeup fd: the helper's SIGTERM reached the agent
+    as its own and stopped it. setns() instead moves only the calling thread, so a
+    short-lived thread of our own enters the namespace, opens the socket (a socket
+    stays in the namespace it was created in) and ends.
+    """
+    from pyroute2.netns import setns
+
+    outcome: list[int | OSError] = []
+
+    def enter_and_open() -> None:
+        try:
+            setns(str(path), flags=0)  # flags=0: never create a missing namespace
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+            outcome.append(sock.detach())
+        except OSError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=enter_and_open, name="nicfleet-netns")
+    thread.start()
+    thread.join()
+    if isinstance(outcome[0], OSError):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _decoded(message: Any) -> list[Observation]:

@@ -1,10 +1,8 @@
 """The agent process: owns its tasks, the stop event and the order of things.
 
-Publishes a full snapshot on start, after every NATS reconnect, after every observed
-change and every `inventory_interval` (anti-entropy); counter batches at a fixed
-interval; a link event the moment netlink reports a netdev change or a port poll sees a
-port change. Reading is delegated to the readers, deciding to the pure modules, sending
-to `publisher`; this module only schedules.
+Snapshots on start, reconnect, change and every `inventory_interval`; counter batches
+at a fixed interval; link events as netlink or the port poll see changes. Readers read,
+pure modules decide, `publisher` sends; this module only schedules.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -22,8 +20,9 @@ import msgspec
 from agent import __version__
 from agent.changes import PortStates, diff_port_states
 from agent.counters import CounterReader
+from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
 from agent.errors import CollectionTimeout
-from agent.inventory import collect_port_states, collect_snapshot
+from agent.inventory import collect_snapshot
 from agent.linkevents import (
     NetdevPorts,
     Netdevs,
@@ -33,12 +32,14 @@ from agent.linkevents import (
     update_netdevs,
 )
 from agent.netlink import NetlinkUnavailable, NetlinkWatcher
+from agent.portstates import PortStateReader
 from agent.publisher import Publisher
 from agent.rates import with_rates
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
+from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch, LinkEvent
+from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,11 @@ class AgentSettings:
     netlink_retry: float = 1.0  # first wait before re-opening a lost netlink socket
     verbs: bool = False  # probe libibverbs once at start for Platform.verbs
     verbs_path: Path | None = None  # directory holding the pyverbs package
+    # The kubelet device plugin runs when a config file is given; the file is re-read
+    # when it changes (checked every `config_watch_interval`) and applied live.
+    device_plugin_config: Path | None = None
+    device_plugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+    config_watch_interval: float = 1.0
 
 
 class AgentService:
@@ -67,6 +73,7 @@ class AgentService:
         self._clock = clock
         self._sysfs = Sysfs(settings.sysfs_root)
         self._counters = CounterReader(self._sysfs)
+        self._port_states = PortStateReader(self._sysfs)
         self._resync = asyncio.Event()  # publish a fresh snapshot now
         self._reread = asyncio.Event()  # poll port states now
         self._first_snapshot = asyncio.Event()
@@ -81,29 +88,90 @@ class AgentService:
         self._netdevs: Netdevs = {}
         self._ports: NetdevPorts = {}
         self._verbs: str | None = None
+        self._snapshot: NodeSnapshot | None = None
+        self._status_changed = asyncio.Event()
+        self.plugin: DevicePluginManager | None = None
+        self.config_errors = 0  # device-plugin config versions refused (logged)
+        if settings.device_plugin_config is not None:
+            self.plugin = DevicePluginManager(
+                settings.device_plugin,
+                node=settings.node_name,
+                clock=clock,
+                on_status=lambda _status: self._status_changed.set(),
+            )
 
     async def _request_resync(self) -> None:
         self._resync.set()
+        self._status_changed.set()  # the device-plugin status is re-sent too
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            self._counters.close()
+            self._port_states.close()
+            await self._publisher.close()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         if self.settings.verbs:
             self._verbs = await asyncio.to_thread(probe_verbs, search_path=self.settings.verbs_path)
             log.info("verbs probe: %s", self._verbs)
         with contextlib.suppress(CollectionTimeout):  # the state loop retries and logs
-            self._states = await asyncio.to_thread(collect_port_states, self._sysfs)
-        if not await self._publisher.connect(stop):
-            return
-        self._resync.set()
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._snapshot_loop(stop))
-                tasks.create_task(self._counter_loop(stop))
-                tasks.create_task(self._state_loop(stop))
-                if self.settings.netlink:
-                    tasks.create_task(self._netlink_loop(stop))
-        finally:
-            self._counters.close()
-            await self._publisher.close()
+            self._states = await asyncio.to_thread(self._port_states.collect)
+        # Reading and serving the kubelet never wait for NATS: the device plugin must
+        # work while the message bus is down; what cannot be published is counted.
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._connect(stop))
+            tasks.create_task(self._snapshot_loop(stop))
+            tasks.create_task(self._counter_loop(stop))
+            tasks.create_task(self._state_loop(stop))
+            if self.settings.netlink:
+                tasks.create_task(self._netlink_loop(stop))
+            if self.plugin is not None:
+                tasks.create_task(self.plugin.run(stop))
+                tasks.create_task(self._config_loop(stop))
+                tasks.create_task(self._status_loop(stop))
+
+    async def _connect(self, stop: asyncio.Event) -> None:
+        if await self._publisher.connect(stop):
+            self._resync.set()
+            self._status_changed.set()
+
+    async def _config_loop(self, stop: asyncio.Event) -> None:
+        """Apply the device-plugin config file, and every later version of it, live."""
+        assert self.plugin is not None and self.settings.device_plugin_config is not None
+        path = self.settings.device_plugin_config
+        seen: tuple[int, int] | None = None
+        generation = 0
+        while not stop.is_set():
+            try:
+                stat = path.stat()
+                stamp = (stat.st_mtime_ns, stat.st_size)
+                if stamp != seen:
+                    seen = stamp
+                    config = parse_device_plugin_config(path.read_bytes(), source=str(path))
+                    generation += 1
+                    self.plugin.apply_config(config, generation)
+                    log.info("device-plugin config generation %d applied", generation)
+            except (OSError, ConfigError) as exc:
+                # A broken edit keeps the last good config serving; the error is logged.
+                self.config_errors += 1
+                log.error("device-plugin config not applied: %s", exc)
+            await _wait_any(stop, timeout=self.settings.config_watch_interval)
+
+    async def _status_loop(self, stop: asyncio.Event) -> None:
+        assert self.plugin is not None
+        while not stop.is_set():
+            await _wait_any(stop, self._status_changed, timeout=self.settings.inventory_interval)
+            if stop.is_set():
+                return
+            self._status_changed.clear()
+            status: DevicePluginStatus = self.plugin.plugin_status()
+            await self._publisher.publish(status)
+
+    def _feed_plugin(self) -> None:
+        if self.plugin is not None and self._snapshot is not None:
+            self.plugin.update(self._snapshot, self._states or {})
 
     async def _snapshot_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -123,8 +191,10 @@ class AgentService:
             snapshot = with_verbs(snapshot, self._verbs)
             if snapshot.devices or not snapshot.errors:
                 # A collection that timed out as a whole has no devices; keep mapping
-                # netdevs with the last good one rather than with nothing.
+                # netdevs (and feeding the device plugin) with the last good one.
                 self._ports = netdev_ports(snapshot)
+                self._snapshot = snapshot
+                self._feed_plugin()
             self._first_snapshot.set()
             await self._publisher.publish(snapshot)
 
@@ -158,7 +228,7 @@ class AgentService:
                 return
             self._reread.clear()
             try:
-                current = await asyncio.to_thread(collect_port_states, self._sysfs)
+                current = await asyncio.to_thread(self._port_states.collect)
             except CollectionTimeout as exc:
                 stuck = _log_stuck(stuck, "port-state poll", exc)
                 continue
@@ -176,6 +246,7 @@ class AgentService:
             if not events:
                 continue
             self._states = current
+            self._feed_plugin()  # health reaches the kubelet before anything is published
             await self._publish_events(events)
             if any(e.kind != "port-state" for e in events):
                 self._counters.rediscover()

@@ -1,9 +1,8 @@
 """The optional verbs probe: can this host open RDMA devices through libibverbs?
 
-The only module that imports pyverbs, and only inside `probe_verbs`: rdma-core's Python
-binding is an OS package (Debian `python3-pyverbs`), usually absent, never required.
-The probe answers with one line of text for `Platform.verbs` and never raises. Stdlib
-only at import, so the probe also runs under the system Python that owns pyverbs.
+The only module importing pyverbs (rdma-core's binding, the OS package python3-pyverbs),
+lazily; the answer is one line for `Platform.verbs` and the probe never raises. Stdlib
+only at import, so it also runs under the system Python that owns pyverbs.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -37,6 +39,7 @@ from proto import subjects
 from proto.codec import decode
 from proto.inventory import NodeSnapshot
 from proto.messages import LinkEvent
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -57,9 +60,8 @@ def _netns_unusable() -> str | None:
     return None
 
 
-requires_netns = pytest.mark.skipif(
-    _netns_unusable() is not None, reason=_netns_unusable() or "network namespaces usable"
-)
+_UNUSABLE = _netns_unusable()
+requires_netns = pytest.mark.skipif(_UNUSABLE is not None, reason=_UNUSABLE or "")
 
 
 def ip(netns: str, *args: str) -> None:
@@ -269,3 +271,70 @@ async def test_agent_publishes_netdev_events_for_its_rdma_ports(
     assert (mtu.device, mtu.old_state, mtu.new_state) == ("mlx5_0", "1500", "9000")
     assert up.old_state in ("down", "lowerlayerdown")
     assert {e.netdev for e in events.messages} == {NETDEV}
+
+
+@requires_netns
+async def test_agent_command_watches_a_netns_until_sigterm(
+    netns: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    # The console script installs SIGTERM/SIGINT handlers; opening the namespace must
+    # not stop it (a helper process forked by pyroute2 once relayed its own SIGTERM to
+    # the agent's event loop).
+    from agent.lab.render import render
+    from agent.lab.spec import load_builtin, with_node_name
+
+    node = "netlink-cli-01"
+    root = tmp_path / node
+    render(with_node_name(load_builtin("roce-cx6dx"), node), root)
+    args = ["-m", "agent", "run", "--nats-url", nats_server.url, "--sysfs-root", str(root),
+            "--node-name", node, "--netns", netns]  # fmt: skip
+    log: list[str] = []
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, *args, cwd=REPO, stderr=asyncio.subprocess.PIPE
+    )
+    assert agent.stderr is not None
+    try:
+
+        async def until_logged(text: str) -> None:
+            assert agent.stderr is not None
+            while not any(text in line for line in log):
+                line = await agent.stderr.readline()
+                if not line:
+                    pytest.fail(f"agent exited before logging {text!r}: {log}")
+                log.append(line.decode())
+
+        async with subscribed(nats_server.url, node, subjects.EVENT, LinkEvent) as events:
+            await asyncio.wait_for(until_logged("via netlink"), TIMEOUT)
+            await aip(netns, "link", "set", NETDEV, "mtu", "9000")
+            mtu = await events.wait_for(lambda e: e.kind == "netdev-mtu", "netdev-mtu")
+            assert (mtu.device, mtu.port, mtu.new_state) == ("mlx5_0", 1, "9000")
+            assert agent.returncode is None, log
+            agent.send_signal(signal.SIGTERM)
+            _, rest = await asyncio.wait_for(agent.communicate(), TIMEOUT)
+            log.append(rest.decode())
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+    assert agent.returncode == 0, log
+    assert "Traceback" not in "".join(log)
+
+
+@requires_netns
+async def test_overrun_socket_is_reported_as_unavailable(netns: str) -> None:
+    # The kernel drops notifications a full socket buffer cannot take and says so
+    # (ENOBUFS) on the next read; the service then re-opens and compares a new dump.
+    async with NetlinkWatcher(netns=netns, rcvbuf=4096) as watcher:
+        await watcher.dump()
+        # Blocks the event loop on purpose: nothing reads while the kernel notifies.
+        batch = "".join(f"link set {NETDEV} mtu {1280 + i}\n" for i in range(200))
+        subprocess.run(  # noqa: ASYNC221
+            ["ip", "-n", netns, "-batch", "-"], input=batch.encode(), check=True, timeout=30
+        )
+        with pytest.raises(NetlinkUnavailable, match="rtnetlink socket failed"):
+            await asyncio.wait_for(drain(watcher), TIMEOUT)
+
+
+async def drain(watcher: NetlinkWatcher) -> None:
+    while True:
+        await watcher.changes()
