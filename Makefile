@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install system-packages demo test lint typecheck contracts unit stubs clean
+.PHONY: install system-packages demo test lint typecheck contracts unit stubs bench clean
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ unit: install
 	$(BIN)/pytest -q
 
 test: install system-packages lint typecheck contracts unit
+
+# Benchmarks (never part of `make test`): numbers go to docs/performance.md.
+bench: install
+	$(BIN)/python bench/agent_collect.py --install --runs 21 --paced 20
+	$(BIN)/python bench/deviceplugin_latency.py
 
 stubs: install
 	$(BIN)/python proto/deviceplugin/generate.py

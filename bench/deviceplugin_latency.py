@@ -1,7 +1,7 @@
 """Benchmark: device-plugin latencies a kubelet sees, over real gRPC on unix sockets.
 
 1. fault -> Unhealthy on the ListAndWatch stream: a port is downed in a rendered lab tree;
-   the agent-side detection is the port-state poll (collect_port_states every
+   the agent-side detection is the port-state poll (a PortStateReader every
    --poll-interval, as the agent's state loop does) -> DevicePluginManager.update().
 2. Allocate round trip with 16 adapters (shared resource, and exclusive with 8 adapters),
    plus GetPreferredAllocation of 8 of 16 exclusive adapters.
@@ -40,6 +40,7 @@ from agent.lab import faults  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
+from agent.portstates import PortStateReader  # noqa: E402
 from agent.sysfs import Sysfs  # noqa: E402
 from proto.messages import DevicePluginConfig, ResourceConfig, Selectors  # noqa: E402
 from tests.kubelet import KubeletEmulator, PluginConnection  # noqa: E402
@@ -101,7 +102,8 @@ async def fault_latency(root: Path, faults_n: int, poll: float) -> dict[str, Any
     manager.apply_config(
         DevicePluginConfig(config_list=(resource("rail0", ["mlx5_0"]),)), generation=1
     )
-    states = collect_port_states(sysfs)
+    reader = PortStateReader(sysfs)  # what the agent's state loop polls with
+    states = reader.collect()
     manager.update(snapshot, states)
     stop_poll = asyncio.Event()
 
@@ -110,7 +112,7 @@ async def fault_latency(root: Path, faults_n: int, poll: float) -> dict[str, Any
         while not stop_poll.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_poll.wait(), poll)
-            current = await asyncio.to_thread(collect_port_states, sysfs)
+            current = await asyncio.to_thread(reader.collect)
             if current != states:
                 states = current
                 manager.update(snapshot, current)
@@ -129,6 +131,7 @@ async def fault_latency(root: Path, faults_n: int, poll: float) -> dict[str, Any
         finally:
             stop_poll.set()
             await poller
+            reader.close()
     return {
         "poll_interval_ms": poll * 1000,
         "fault_to_unhealthy_ms": percentiles(down),
