@@ -7,7 +7,8 @@ ordering rule for snapshots and counter batches, keeps live port state in step w
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Final, Literal, cast, get_args
 
 import msgspec
@@ -124,6 +125,10 @@ class Fleet:
 
     def names(self) -> list[str]:
         return sorted(self._records)
+
+    def view(self) -> Mapping[str, NodeRecord]:
+        """A read-only live view (no copy) for pure code that runs between two updates."""
+        return MappingProxyType(self._records)
 
     def records(self) -> list[NodeRecord]:
         """All records sorted by node name (a copy; safe to hold across updates)."""

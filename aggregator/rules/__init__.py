@@ -1,0 +1,2 @@
+"""Rules: pure functions `(fleet, policies, cluster, now) -> list[Finding]`, one module per
+family; `ALL_RULES` (in `aggregator.rules.registry`) is the explicit tuple of them."""
