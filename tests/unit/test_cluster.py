@@ -33,28 +33,28 @@ def req(key: str, op: str, *values: str) -> LabelSelectorRequirement:
         pytest.param(LabelSelector(match_labels={"a": "1"}), {"a": "2"}, False, id="label-miss"),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "In", "1", "2"),)), {"a": "2"}, True, id="in"
-        ),  # fmt: skip
+        ),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "In", "1"),)), {}, False, id="in-absent"
-        ),  # fmt: skip
+        ),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "NotIn", "1"),)), {}, True, id="notin-absent"
-        ),  # fmt: skip
+        ),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "NotIn", "1"),)),
             {"a": "1"},
             False,
             id="notin",
-        ),  # fmt: skip
+        ),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "Exists"),)), {"a": ""}, True, id="exists"
-        ),  # fmt: skip
+        ),
         pytest.param(
             LabelSelector(match_expressions=(req("a", "DoesNotExist"),)),
             {"a": "x"},
             False,
             id="does-not-exist",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_selector_semantics(
