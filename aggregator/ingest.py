@@ -31,11 +31,13 @@ class Ingest:
         metrics: Metrics,
         clock: Callable[[], float],
         on_snapshot: Callable[[NodeSnapshot, float], None],
+        on_change: Callable[[str, str], None] | None = None,
     ) -> None:
         self._fleet = fleet
         self._metrics = metrics
         self._clock = clock
         self._on_snapshot = on_snapshot
+        self._on_change = on_change
         self._logged: set[tuple[str, str]] = set()
 
     def handle(self, subject: str, data: bytes) -> bool:
@@ -70,6 +72,8 @@ class Ingest:
         except CodecError as exc:
             return self._reject(kind, "decode", subject, str(exc))
         self._metrics.messages.labels(kind).inc()
+        if self._on_change is not None:
+            self._on_change(node, kind)
         return True
 
     def _mismatch(self, kind: str, subject: str, claimed: str) -> bool:

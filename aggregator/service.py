@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from aggregator.api import ApiSettings, build_app
+from aggregator.changes import ChangeFeed
 from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
@@ -61,6 +62,9 @@ class AggregatorService:
         self._writer: SnapshotWriter | None = None
         self._loaded = False
         self.ready = asyncio.Event()
+        # Every accepted node message is announced here; loops that react to the fleet
+        # (rules, reconcile) subscribe instead of polling.
+        self.changes = ChangeFeed()
 
     def readiness(self) -> tuple[bool, str]:
         if self._nc is None or not self._nc.is_connected:
@@ -90,6 +94,7 @@ class AggregatorService:
                 metrics=self.metrics,
                 clock=self.clock,
                 on_snapshot=self._writer.submit,
+                on_change=self.changes.publish,
             )
             count = 0
             async for stored in load_nodes(kv):
