@@ -146,15 +146,11 @@ class Fleet:
         publishes a new snapshot on every inventory change, so that window closes).
         """
         old = self._records.get(snap.node)
-        if old is None:
-            record = _new_record(snap.node, received_at)
-        elif old.snapshot is not None and not is_newer(
-            snap.seq, snap.collected_at, old.snapshot.seq, old.snapshot.collected_at
-        ):
+        stored = old.snapshot if old is not None else None
+        if old is not None and stored is not None and not _newer(snap, stored):
             self.ignored += 1
             return old
-        else:
-            record = old
+        record = old or _new_record(snap.node, received_at)
         return self._store(
             replace(
                 record,
@@ -167,15 +163,11 @@ class Fleet:
     def apply_counters(self, batch: CounterBatch, received_at: float) -> NodeRecord:
         """Store `batch` unless is_newer rejects it; `result.counters is batch` iff accepted."""
         old = self._records.get(batch.node)
-        if old is None:
-            record = _new_record(batch.node, received_at)
-        elif old.counters is not None and not is_newer(
-            batch.seq, batch.collected_at, old.counters.seq, old.counters.collected_at
-        ):
+        stored = old.counters if old is not None else None
+        if old is not None and stored is not None and not _newer(batch, stored):
             self.ignored += 1
             return old
-        else:
-            record = old
+        record = old or _new_record(batch.node, received_at)
         return self._store(
             replace(
                 record,
@@ -232,6 +224,10 @@ class Fleet:
     def _store(self, record: NodeRecord) -> NodeRecord:
         self._records[record.name] = record
         return record
+
+
+def _newer(message: NodeSnapshot | CounterBatch, stored: NodeSnapshot | CounterBatch) -> bool:
+    return is_newer(message.seq, message.collected_at, stored.seq, stored.collected_at)
 
 
 def _new_record(name: str, received_at: float) -> NodeRecord:
