@@ -18,6 +18,8 @@ from multidict import MultiMapping
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from aggregator.api_chain import add_chain_routes
+from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
 from aggregator.httperrors import BadParameter, error_response, json_response
 from proto.policy import Policy
@@ -141,6 +143,8 @@ def build_app(
     clock: Callable[[], float],
     metrics: CollectorRegistry | None = None,
     policies: tuple[Policy, ...] = (),
+    cluster_source: Callable[[], ClusterView] | None = None,  # default: no cluster
+    policy_source: Callable[[], tuple[Policy, ...]] | None = None,  # default: `policies`
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
@@ -151,6 +155,14 @@ def build_app(
     app.router.add_get("/api/v1/nodes", api.list_nodes)
     app.router.add_get("/api/v1/nodes/{node}", api.get_node)
     app.router.add_get("/api/v1/policy", api.get_policy)
+    add_chain_routes(
+        app,
+        fleet=fleet,
+        cluster=cluster_source or (lambda: NO_CLUSTER),
+        policies=policy_source or (lambda: policies),
+        clock=clock,
+        stale_after=settings.stale_after,
+    )
     return app
 
 

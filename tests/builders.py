@@ -7,11 +7,22 @@ from proto.inventory import (
     Gpu,
     Interface,
     LinkLayer,
+    ModuleInfo,
     NodeSnapshot,
     Port,
     PortStateName,
 )
-from proto.messages import CounterBatch, LinkEvent, PortCounters
+from proto.messages import (
+    CounterBatch,
+    DevicePluginConfig,
+    DevicePluginStatus,
+    LinkEvent,
+    PortCounters,
+    ResourceConfig,
+    ResourceStatus,
+    Selectors,
+)
+from proto.policy import LabelSelector, Metadata, Policy, PolicySpec
 
 T0 = 1_800_000_000.0  # a fixed "now" for pure tests
 
@@ -147,4 +158,82 @@ def port_event(
         new_state=new,
         phys_state=phys,
         observed_at=observed_at,
+    )
+
+
+RDMA_MODULES = ("mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm")
+
+
+def modules(*names: str) -> dict[str, ModuleInfo]:
+    """`snapshot.modules` with `names` loaded (default: the whole mlx5 RDMA stack)."""
+    return {name: ModuleInfo() for name in (names or RDMA_MODULES)}
+
+
+def resource_status(
+    name: str = "rdma/ib",
+    *,
+    devices: tuple[str, ...] = ("mlx5_0",),
+    advertised: int | None = None,
+    healthy: int | None = None,
+    registration: str = "registered",
+    unmatched: dict[str, str] | None = None,
+    unhealthy: dict[str, str] | None = None,
+    error: str | None = None,
+) -> ResourceStatus:
+    """A served resource: by default one device ID per selected adapter, all healthy."""
+    count = len(devices) if advertised is None else advertised
+    return ResourceStatus(
+        name=name,
+        advertised=count,
+        healthy=count if healthy is None else healthy,
+        devices=devices,
+        unmatched=unmatched or {},
+        unhealthy=unhealthy or {},
+        registration=registration,
+        registration_mode="legacy",
+        registration_error=error,
+        endpoint=f"/var/lib/kubelet/device-plugins/nicfleet-{name.split('/')[-1]}.sock",
+    )
+
+
+def plugin_status(
+    node: str = "gpu-001",
+    *resources: ResourceStatus,
+    generation: int = 1,
+    observed_at: float = T0,
+) -> DevicePluginStatus:
+    return DevicePluginStatus(
+        node=node,
+        config_generation=generation,
+        registered=all(r.registration == "registered" for r in resources),
+        resources=resources,
+        observed_at=observed_at,
+    )
+
+
+def rdma_policy(
+    name: str = "ib",
+    *resources: str,
+    labels: dict[str, str] | None = None,
+    hca_max: int = 64,
+    selectors: Selectors | None = None,
+) -> Policy:
+    """A policy configuring `resources` (`prefix/name`, default rdma/ib) on matching nodes."""
+    configs = tuple(
+        ResourceConfig(
+            resource_prefix=full.split("/")[0],
+            resource_name=full.split("/")[1],
+            rdma_hca_max=hca_max,
+            selectors=selectors or Selectors(vendors=("15b3",)),
+        )
+        for full in (resources or ("rdma/ib",))
+    )
+    return Policy(
+        api_version="nicfleet.io/v1alpha1",
+        kind="NicFleetPolicy",
+        metadata=Metadata(name=name),
+        spec=PolicySpec(
+            node_selector=LabelSelector(match_labels=labels or {}),
+            rdma_shared_device_plugin=DevicePluginConfig(config_list=configs),
+        ),
     )

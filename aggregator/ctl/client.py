@@ -135,7 +135,9 @@ def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | Non
         )
     message: str = error["message"]
     if response.status_code == 404 and error.get("field") == "node":
-        name = response.request.url.path.rsplit("/", 1)[-1]
+        # /nodes/{node} names it in the path, /trace?node= in the query.
+        url = response.request.url
+        name = url.params.get("node") or url.path.rsplit("/", 1)[-1]
         message = f"unknown node {name!r}"
         suggestions = [s for s in error.get("suggestions") or () if isinstance(s, str)]
         if suggestions:

@@ -117,3 +117,12 @@ def main() -> None:
 from aggregator.ctl.demo import demo  # noqa: E402
 
 cli.add_command(demo)
+
+from aggregator.ctl.check import check  # noqa: E402
+
+cli.add_command(check)
+
+from aggregator.ctl.chain import resources, trace  # noqa: E402
+
+cli.add_command(trace)
+cli.add_command(resources)

@@ -1,0 +1,223 @@
+"""`nicfleetctl trace NODE RESOURCE` and `nicfleetctl resources`: the chain trace and the
+per-resource view, from /api/v1/trace and /api/v1/resources.
+
+HTTP goes through `client.AggregatorClient`; drawing is here (rich). `trace` exits 1 when
+a link of the chain is broken, so scripts can gate on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Any, Final
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from aggregator.ctl.client import AggregatorClient, ApiError, BadInput
+from aggregator.ctl.render import console_for
+from aggregator.resources import ResourceSummary
+from aggregator.trace import Link, Trace
+from proto.subjects import InvalidNodeName, validate_node_name
+
+TRACE_EPILOG: Final = """\b
+Exit codes:
+  0  every link of the chain is ok (unknown links, e.g. without a cluster, do not count)
+  1  a link is broken, or the aggregator answered with an error (unknown node/resource)
+  2  usage error or bad input (invalid node or resource name, option)
+  3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
+RESOURCES_EPILOG: Final = TRACE_EPILOG.replace(
+    "every link of the chain is ok (unknown links, e.g. without a cluster, do not count)",
+    "success",
+).replace("a link is broken, or the", "the")
+_MARK: Final = {"ok": ("✔", "green"), "broken": ("✘", "red"), "unknown": ("?", "yellow")}
+_RESOURCE: Final = re.compile(r"[^/\s]+/[^/\s]+")
+NONE: Final = "-"
+
+
+class _ChainClient(AggregatorClient):
+    def trace(self, node: str, resource: str) -> dict[str, Any]:
+        return self._get("/api/v1/trace", {"node": node, "resource": resource})
+
+    def resources(self, *, node: str | None, name: str | None) -> dict[str, Any]:
+        params = {k: v for k, v in (("node", node), ("name", name)) if v is not None}
+        return self._get("/api/v1/resources", params)
+
+
+@click.command(epilog=TRACE_EPILOG)
+@click.argument("node")
+@click.argument("resource")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "wide", "json"]),
+    default="table",
+    show_default=True,
+    help="The chain (wide: with every link's evidence), or the API's JSON.",
+)
+@click.pass_context
+def trace(ctx: click.Context, node: str, resource: str, output: str) -> None:
+    """Why RESOURCE (e.g. rdma/hca_shared) on NODE is or is not usable, link by link:
+    adapter, driver/firmware, RDMA ports, char devices, device plugin, advertised count,
+    node allocatable and the pods requesting it."""
+    _check_node(node)
+    if not _RESOURCE.fullmatch(resource):
+        raise BadInput(f"resource must be a full name such as rdma/hca_shared, got {resource!r}")
+    client = _ChainClient(ctx.obj)
+    with client:
+        body = client.trace(node, resource)
+    result: Trace = _typed(body, Trace, "trace")
+    if output == "json":
+        _print_json(body)
+    else:
+        _render_trace(_console(), result, wide=output == "wide")
+    ctx.exit(0 if result.first_broken is None else 1)
+
+
+@click.command(epilog=RESOURCES_EPILOG)
+@click.option("--node", help="Only this node's share of each resource.")
+@click.option("--name", help="Only this resource (full name, rdma/...).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "wide", "json"]),
+    default="table",
+    show_default=True,
+    help="Table, wide (zero/stale nodes and a per-node table), or the API's JSON.",
+)
+@click.pass_obj
+def resources(server: str, node: str | None, name: str | None, output: str) -> None:
+    """Every RDMA resource in the fleet: nodes advertising it, capacity, health, allocatable
+    and the selected nodes that advertise nothing."""
+    if node is not None:
+        _check_node(node)
+    client = _ChainClient(server)
+    with client:
+        body = client.resources(node=node, name=name)
+    if output == "json":
+        _print_json(body)
+        return
+    items: tuple[ResourceSummary, ...] = _typed(
+        body.get("items"), tuple[ResourceSummary, ...], "resource list"
+    )
+    if not items:
+        click.echo("No resources found.", err=True)
+        return
+    _render_resources(_console(), items, wide=output == "wide")
+
+
+def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
+    verdict = (
+        Text("chain ok", style="green")
+        if result.ok
+        else Text(f"broken at link {result.first_broken} ({_first(result)})", style="bold red")
+    )
+    console.print(Text.assemble(f"{result.resource} on {result.node}: ", verdict))
+    for index, link in enumerate(result.links):
+        mark, style = _MARK.get(link.status, ("?", "yellow"))
+        first = index == result.first_broken
+        line = Text.assemble(
+            (f" {mark} ", style),
+            (f"{index} {link.name:<13}", f"bold {style}" if first else style),
+            (f" {link.status}", style),
+        )
+        if first:
+            line.append("  <- first broken link", style="bold red")
+        console.print(line)
+        if link.status == "broken":
+            console.print(Text(f"     cause: {link.cause}", style="bold red" if first else ""))
+            console.print(Text(f"     fix:   {link.fix}", style="bold" if first else ""))
+        if wide or (link.status != "ok" and link.evidence):
+            console.print(Text(f"     evidence: {_evidence(link)}", style="dim"))
+
+
+def _first(result: Trace) -> str:
+    return result.links[result.first_broken].name if result.first_broken is not None else NONE
+
+
+def _evidence(link: Link) -> str:
+    return json.dumps(link.evidence, sort_keys=True, separators=(", ", ": "))
+
+
+def _render_resources(console: Console, items: tuple[ResourceSummary, ...], *, wide: bool) -> None:
+    columns = ["RESOURCE", "NODES", "CAPACITY", "HEALTHY", "ALLOCATABLE", "ZERO", "UNHEALTHY"]
+    extra = ["ZERO-NODES", "UNHEALTHY-NODES", "STALE-NODES"]
+    table = _table([*columns, *extra] if wide else columns)
+    for r in items:
+        row = [
+            r.name,
+            f"{r.nodes_advertising}/{r.nodes_selected}",
+            str(r.capacity),
+            Text(str(r.healthy), style="" if r.healthy else "red"),
+            NONE if r.allocatable is None else str(r.allocatable),
+            Text(str(len(r.zero_nodes)), style="red" if r.zero_nodes else ""),
+            Text(str(len(r.unhealthy_nodes)), style="red" if r.unhealthy_nodes else ""),
+        ]
+        if wide:
+            row += [
+                ",".join(names) or NONE
+                for names in (r.zero_nodes, r.unhealthy_nodes, r.stale_nodes)
+            ]
+        table.add_row(*row)
+    console.print(table)
+    if not wide:
+        return
+    console.print()
+    per_node = _table(["RESOURCE", "NODE", "STATE", "ADVERTISED", "HEALTHY", "ALLOCATABLE", "REG"])
+    for r in items:
+        for n in r.nodes:
+            per_node.add_row(
+                r.name,
+                n.node,
+                n.state or "no-agent",
+                _opt(n.advertised),
+                _opt(n.healthy),
+                _opt(n.allocatable),
+                n.registration or NONE,
+            )
+    console.print(per_node)
+
+
+def _table(columns: list[str]) -> _PlainTable:
+    table = _PlainTable(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    return table
+
+
+class _PlainTable(Table):
+    """String cells are literal text: names that come from agents are never markup."""
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def _opt(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def _typed(value: object, type_: Any, what: str) -> Any:
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as exc:
+        raise ApiError(f"unexpected {what} from the aggregator: {exc}") from exc
+
+
+def _check_node(node: str) -> None:
+    try:
+        validate_node_name(node)
+    except InvalidNodeName as exc:
+        raise BadInput(str(exc)) from exc
+
+
+def _print_json(body: object) -> None:
+    click.echo(json.dumps(body, indent=2, sort_keys=True))
+
+
+def _console() -> Console:
+    return console_for(sys.stdout, os.environ)
