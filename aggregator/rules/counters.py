@@ -1,0 +1,134 @@
+"""Counter rules on the latest counter batch of each node: error rates per counter family,
+transport retries exceeded and ignored congestion notifications.
+
+Pure. Rates come from the agent (agent/rates.py): a counter that saturated or reset has no
+rate this round and is reported by `data-quality`, as is a rate that is NaN or negative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aggregator.cluster import ClusterView
+from aggregator.fleet import NodeRecord
+from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
+from aggregator.rules.finding import Finding
+from aggregator.rules.fleetfacts import finite
+from aggregator.rules.thresholds import Thresholds
+from proto.messages import PortCounters
+from proto.policy import Policy
+
+Fleet = Mapping[str, NodeRecord]
+
+
+def _batches(fleet: Fleet) -> list[tuple[str, PortCounters]]:
+    result: list[tuple[str, PortCounters]] = []
+    for node in sorted(fleet):
+        batch = fleet[node].counters
+        if batch is not None:
+            result.extend((node, pc) for pc in batch.ports)
+    return result
+
+
+def _rate(pc: PortCounters, key: str) -> float | None:
+    value = pc.rates.get(key)
+    return value if finite(value) else None
+
+
+def check_counter_errors(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    limits = thresholds.of("counter-errors").params
+    found: list[Finding] = []
+    for node, pc in _batches(fleet):
+        over: dict[str, float] = {}
+        for family, keys in COUNTER_FAMILIES.items():
+            total = sum(r for key in keys if (r := _rate(pc, key)) is not None)
+            if total > limits.get(family, 0.0):
+                over[family] = total
+        if not over:
+            continue
+        where = f"{pc.device}/{pc.port}"
+        worst = max(over, key=lambda f: over[f] / max(limits.get(f, 0.0), 1e-9))
+        found.append(
+            Finding(
+                rule="counter-errors",
+                severity="warning",
+                node=node,
+                subject=where,
+                message=f"{where} counts {worst} at {over[worst]:.3g}/s (limit "
+                f"{limits.get(worst, 0.0):g}/s){_hint(worst)}",
+                evidence={
+                    **{f"{f}_per_s": round(v, 6) for f, v in sorted(over.items())},
+                    **{f"{f}_limit": limits.get(f, 0.0) for f in sorted(over)},
+                },
+            )
+        )
+    return found
+
+
+def _hint(family: str) -> str:
+    if family in ("physical_errors", "port_rcv_errors", "rx_icrc_encapsulated"):
+        return "; check or replace the cable/transceiver and the switch port."
+    if family == "discards":
+        return "; the fabric is congested or the peer is not draining — check the switch."
+    return "; look for packet loss on the path (PFC/ECN on RoCE, the peer's errors on IB)."
+
+
+def check_retries_exceeded(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    limit = thresholds.param("retries-exceeded", "rate")
+    found: list[Finding] = []
+    for node, pc in _batches(fleet):
+        moving = {
+            key: rate for key in RETRY_COUNTERS
+            if (rate := _rate(pc, key)) is not None and rate > limit
+        }  # fmt: skip
+        if not moving:
+            continue
+        where = f"{pc.device}/{pc.port}"
+        found.append(
+            Finding(
+                rule="retries-exceeded",
+                severity="critical",
+                node=node,
+                subject=where,
+                message=f"{where}: RDMA requests exhaust their retries "
+                f"({', '.join(k.split('/')[1] for k in sorted(moving))}), so jobs using it "
+                "are failing; find the unreachable or overloaded peer and check the path.",
+                evidence={f"{k.split('/')[1]}_per_s": v for k, v in sorted(moving.items())},
+            )
+        )
+    return found
+
+
+def check_cc_misconfigured(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    limit = thresholds.param("cc-misconfigured", "rate")
+    found: list[Finding] = []
+    for node, pc in _batches(fleet):
+        rate = _rate(pc, CNP_IGNORED)
+        if rate is None or rate <= limit:
+            continue
+        where = f"{pc.device}/{pc.port}"
+        found.append(
+            Finding(
+                rule="cc-misconfigured",
+                severity="warning",
+                node=node,
+                subject=where,
+                message=f"{where} ignores congestion notifications (rp_cnp_ignored "
+                f"{rate:.3g}/s): enable DCQCN for the traffic's priority "
+                "(mlxconfig/sysfs roce_rp_enable) so the sender slows down.",
+                evidence={
+                    "rp_cnp_ignored_per_s": rate,
+                    "rp_cnp_handled_per_s": _rate(pc, "hw_counters/rp_cnp_handled"),
+                },
+            )
+        )
+    return found

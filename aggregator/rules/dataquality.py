@@ -1,0 +1,122 @@
+"""The `data-quality` rule: input the other rules cannot judge — no snapshot, unreadable
+files, unknown port states, absurd values, NaN/negative rates, saturated or reset counters.
+
+Pure. Such input never passes silently as "all clear": it becomes one warning per node and
+subject, listing every problem found there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Final
+
+from aggregator.cluster import ClusterView
+from aggregator.fleet import NodeRecord
+from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, FLAP_COUNTERS, RETRY_COUNTERS
+from aggregator.rules.finding import Finding
+from aggregator.rules.fleetfacts import ports, subject
+from aggregator.rules.thresholds import Thresholds
+from aggregator.rules.versions import parse_version
+from proto.inventory import NodeSnapshot
+from proto.messages import CounterBatch
+from proto.policy import Policy
+
+Fleet = Mapping[str, NodeRecord]
+MAX_LISTED: Final = 5
+# Counters whose rates the rules judge: losing their rate hides a fault.
+WATCHED: Final = frozenset(
+    {k for keys in COUNTER_FAMILIES.values() for k in keys}
+    | set(RETRY_COUNTERS) | set(FLAP_COUNTERS) | {CNP_IGNORED}
+)  # fmt: skip
+
+
+def check_data_quality(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    problems: dict[tuple[str, str], list[str]] = {}
+    for node in sorted(fleet):
+        record = fleet[node]
+        if record.snapshot is None:
+            problems.setdefault((node, "snapshot"), []).append("no inventory snapshot received yet")
+        else:
+            _snapshot_problems(node, record.snapshot, problems)
+        if record.counters is not None:
+            _counter_problems(node, record.counters, problems)
+    found: list[Finding] = []
+    for (node, where), listed in sorted(problems.items()):
+        shown = "; ".join(listed[:MAX_LISTED]) + (
+            f"; and {len(listed) - MAX_LISTED} more" if len(listed) > MAX_LISTED else ""
+        )
+        found.append(
+            Finding(
+                rule="data-quality",
+                severity="warning",
+                node=node,
+                subject=where,
+                message=f"The data for {where} on {node} cannot be fully judged ({shown}); "
+                "fix the agent's access to these files or values — findings may be missing.",
+                evidence={"problems": len(listed), "first": listed[0]},
+            )
+        )
+    return found
+
+
+def _snapshot_problems(
+    node: str, snap: NodeSnapshot, problems: dict[tuple[str, str], list[str]]
+) -> None:
+    host = problems.setdefault((node, "snapshot"), [])
+    if not math.isfinite(snap.collected_at):
+        host.append(f"collected_at is {snap.collected_at}")
+    host.extend(f"{e.path}: {e.error}" for e in snap.errors)
+    topo_gpus = {r.gpu for r in snap.gpu_nic_topology}
+    if snap.devices:
+        host.extend(
+            f"no GPU<->NIC topology for GPU {g.pci_address}"
+            for g in snap.gpus
+            if g.pci_address not in topo_gpus
+        )
+    for device in snap.devices:
+        own = problems.setdefault((node, device.name), [])
+        own.extend(f"{e.path}: {e.error}" for e in device.errors)
+        if device.fw_ver is not None and parse_version(device.fw_ver) is None:
+            own.append(f"firmware version {device.fw_ver!r} is not dotted numbers")
+        for iface in device.interfaces:
+            if iface.mtu is not None and iface.mtu <= 0:
+                own.append(f"{iface.name} MTU {iface.mtu}")
+    for device, port in ports(snap):
+        where = problems.setdefault((node, subject(device, port)), [])
+        if port.state == "UNKNOWN":
+            where.append("port state unknown")
+        rate = port.rate_gbps
+        if rate is not None and (not math.isfinite(rate) or rate < 0):
+            where.append(f"rate_gbps {rate}")
+        for group, values in (("counters", port.counters), ("hw_counters", port.hw_counters)):
+            where.extend(
+                f"{group}/{k} is negative ({v})" for k, v in sorted(values.items()) if v < 0
+            )
+    for key in [k for k, v in problems.items() if not v]:
+        del problems[key]
+
+
+def _counter_problems(
+    node: str, batch: CounterBatch, problems: dict[tuple[str, str], list[str]]
+) -> None:
+    if batch.errors:
+        problems.setdefault((node, "counters"), []).extend(
+            f"{e.path}: {e.error}" for e in batch.errors
+        )
+    for pc in batch.ports:
+        listed: list[str] = []
+        for key, rate in sorted(pc.rates.items()):
+            if not math.isfinite(rate) or rate < 0:
+                listed.append(f"rate of {key} is {rate}")
+        listed.extend(f"{k} saturated (clear it: perfquery -x -R)" for k in pc.saturated
+                      if k in WATCHED)  # fmt: skip
+        listed.extend(f"{k} went backwards (reset), no rate this round" for k in pc.resets
+                      if k in WATCHED)  # fmt: skip
+        listed.extend(f"counters/{k} is negative ({v})" for k, v in sorted(pc.counters.items())
+                      if v < 0)  # fmt: skip
+        if listed:
+            problems.setdefault((node, f"{pc.device}/{pc.port}"), []).extend(listed)

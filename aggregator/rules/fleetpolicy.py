@@ -1,0 +1,234 @@
+"""Fleet and policy rules: silent agents, resources advertised as zero, selectors that match
+nothing, nodes selected by several policies, and rails that differ between peers.
+
+Pure. "Adapter i" of a node is its i-th compute adapter by PCI address (fleetfacts); its
+subnet is the GID prefix on InfiniBand and the IPv4 /24 of its RoCE GIDs on Ethernet.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+
+from aggregator.cluster import ClusterView, policies_by_node, selected_nodes
+from aggregator.fleet import NodeRecord
+from aggregator.rules.finding import Finding
+from aggregator.rules.fleetfacts import compute_adapters, expectations, is_active, majority
+from aggregator.rules.selection import matching_adapters
+from aggregator.rules.thresholds import Thresholds
+from proto.dpconfig import resource_full_name
+from proto.inventory import Device
+from proto.policy import Policy
+
+Fleet = Mapping[str, NodeRecord]
+
+
+def check_agent_stale(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    limit = thresholds.param("agent-stale", "staleAfter")
+    found: list[Finding] = []
+    for node in sorted(fleet):
+        age = now - fleet[node].last_seen
+        if age <= limit:
+            continue
+        found.append(
+            Finding(
+                rule="agent-stale",
+                severity="critical",
+                node=node,
+                subject="agent",
+                message=f"No message from the agent on {node} for {age:.0f}s (limit "
+                f"{limit:g}s): check the nicfleet-agent pod and its NATS connection; its "
+                "data here is out of date.",
+                evidence={"last_seen": fleet[node].last_seen, "age_s": round(age, 3)},
+            )
+        )
+    return found
+
+
+def check_resource_zero(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    by_node = policies_by_node(policies, fleet, cluster)
+    found: list[Finding] = []
+    for node in sorted(fleet):
+        status = fleet[node].device_plugin
+        if status is None:
+            continue  # nothing reported yet (offline check): no verdict either way
+        advertised = {r.name: r for r in status.resources}
+        wanted = {
+            resource_full_name(r)
+            for p in by_node.get(node, ())
+            if p.spec.rdma_shared_device_plugin is not None
+            for r in p.spec.rdma_shared_device_plugin.config_list
+        }
+        for name in sorted(wanted | set(advertised)):
+            r = advertised.get(name)
+            if r is not None and r.advertised > 0 and r.healthy > 0:
+                continue
+            why = "is not served" if r is None else (
+                "advertises 0 devices" if r.advertised <= 0 else "has no healthy device"
+            )  # fmt: skip
+            reasons = {} if r is None else {**r.unmatched, **r.excluded, **r.unhealthy}
+            found.append(
+                Finding(
+                    rule="resource-zero",
+                    severity="critical",
+                    node=node,
+                    subject=name,
+                    message=f"{name} {why} on {node}, so pods requesting it cannot be "
+                    "scheduled there; see the evidence for which adapter failed which check "
+                    "(nicfleetctl trace).",
+                    evidence={
+                        "advertised": None if r is None else r.advertised,
+                        "healthy": None if r is None else r.healthy,
+                        "registration": None if r is None else r.registration,
+                        **{f"adapter:{k}": v for k, v in sorted(reasons.items())[:8]},
+                    },
+                )
+            )
+    return found
+
+
+def check_selector_matches_nothing(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    found: list[Finding] = []
+    for policy in sorted(policies, key=lambda p: p.metadata.name):
+        config = policy.spec.rdma_shared_device_plugin
+        if config is None:
+            continue
+        nodes = sorted(n for n in selected_nodes(policy, fleet, cluster) if n in fleet)
+        for resource in config.config_list:
+            name = resource_full_name(resource)
+            judged = 0
+            matched = False
+            for node in nodes:
+                record = fleet[node]
+                status = record.device_plugin
+                served = next((r for r in status.resources if r.name == name), None) if (
+                    status is not None) else None  # fmt: skip
+                if served is not None:
+                    judged += 1
+                    matched = matched or bool(served.devices)
+                elif record.snapshot is not None:
+                    judged += 1
+                    matched = matched or bool(matching_adapters(resource, record.snapshot))
+            if matched or judged == 0:
+                continue
+            found.append(
+                Finding(
+                    rule="selector-matches-nothing",
+                    severity="warning",
+                    node=None,
+                    subject=f"{policy.metadata.name}/{name}",
+                    message=f"Policy {policy.metadata.name}'s resource {name} selects no "
+                    f"adapter on any of its {judged} nodes; fix its selectors (vendors, "
+                    "deviceIDs, ifNames, linkTypes...) to match the hardware.",
+                    evidence={"policy": policy.metadata.name, "nodes_checked": judged},
+                )
+            )
+    return found
+
+
+def check_policy_conflict(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    found: list[Finding] = []
+    for node, selecting in sorted(policies_by_node(policies, fleet, cluster).items()):
+        if len(selecting) < 2 or node not in fleet:
+            continue
+        names = sorted(p.metadata.name for p in selecting)
+        found.append(
+            Finding(
+                rule="policy-conflict",
+                severity="warning",
+                node=node,
+                subject="policy",
+                message=f"{node} is selected by {len(names)} policies ({', '.join(names)}); "
+                f"only {names[0]} applies — narrow their nodeSelectors so one policy "
+                "selects each node.",
+                evidence={"policies": ",".join(names), "applied": names[0]},
+            )
+        )
+    return found
+
+
+def _subnet(device: Device) -> str | None:
+    for port in device.ports:
+        for gid in port.gids:
+            try:
+                address = ipaddress.IPv6Address(gid.gid)
+            except ValueError:
+                continue
+            if address.ipv4_mapped is not None:
+                return str(ipaddress.IPv4Network(f"{address.ipv4_mapped}/24", strict=False))
+            if port.link_layer == "InfiniBand":
+                return ":".join(gid.gid.split(":")[:4])
+    return None
+
+
+def _rail(device: Device) -> dict[str, object]:
+    port = device.ports[0] if device.ports else None
+    return {
+        "subnet": _subnet(device),
+        "rate_gbps": port.rate_gbps if port is not None and is_active(port) else None,
+        "link_layer": port.link_layer if port is not None else None,
+    }
+
+
+def check_rail_mismatch(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    expect = expectations(fleet, policies, cluster)
+    rails: dict[int, list[tuple[str, Device, dict[str, object]]]] = {}
+    for node in sorted(fleet):
+        snap = fleet[node].snapshot
+        if snap is None:
+            continue
+        for i, device in enumerate(compute_adapters(snap, expect[node])):
+            rails.setdefault(i, []).append((node, device, _rail(device)))
+    found: list[Finding] = []
+    for i, members in sorted(rails.items()):
+        if len(members) < 2:
+            continue
+        usuals = {
+            key: majority(a[key] for _, _, a in members if a[key] is not None)
+            for key in members[0][2]
+        }
+        for node, device, attrs in members:
+            differs: dict[str, object] = {}
+            for key, value in attrs.items():
+                usual = usuals[key]
+                if value is not None and value != usual:
+                    differs[key] = usual
+            if not differs:
+                continue
+            what = ", ".join(f"{k} {attrs[k]} (peers: {v})" for k, v in differs.items())
+            found.append(
+                Finding(
+                    rule="rail-mismatch",
+                    severity="warning",
+                    node=node,
+                    subject=device.name,
+                    message=f"{device.name}, adapter {i} of {node}, differs from adapter {i} "
+                    f"of its peers in {what}; recable or readdress it so rail {i} is one "
+                    "subnet at one speed.",
+                    evidence={
+                        "rail": i,
+                        **{k: v for k, v in attrs.items() if isinstance(v, str | float | int)},
+                        **{
+                            f"peers_{k}": v
+                            for k, v in differs.items()
+                            if v is None or isinstance(v, str | float | int)
+                        },
+                    },
+                )
+            )
+    return found

@@ -1,0 +1,250 @@
+"""Link rules: port state, link rate, link layer, netdev MTU and link flaps.
+
+Pure functions of the fleet view. A port whose state is UNKNOWN (unreadable) is left to
+`data-quality` rather than called down; rates of ports that are not up are not compared
+(mlx5 reports 40 Gb/s for an Ethernet port without link).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from aggregator.cluster import ClusterView
+from aggregator.fleet import NodeRecord
+from aggregator.rules.catalog import FLAP_COUNTERS
+from aggregator.rules.finding import Finding, Severity
+from aggregator.rules.fleetfacts import (
+    compute_adapters,
+    expectations,
+    finite,
+    is_active,
+    majority,
+    model_label,
+    model_of,
+    ports,
+    snapshots,
+    subject,
+)
+from aggregator.rules.thresholds import Thresholds
+from proto.policy import Policy
+
+Fleet = Mapping[str, NodeRecord]
+
+
+def check_port_down(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    found: list[Finding] = []
+    for node, snap in snapshots(fleet):
+        for device, port in ports(snap):
+            if port.state == "UNKNOWN" or is_active(port):
+                continue
+            found.append(
+                Finding(
+                    rule="port-down",
+                    severity="critical",
+                    node=node,
+                    subject=subject(device, port),
+                    message=f"{subject(device, port)} is {port.state} "
+                    f"(physical state {port.phys_state or 'unknown'}): check the cable, the "
+                    "switch port and, on InfiniBand, the subnet manager.",
+                    evidence={
+                        "state": port.state,
+                        "phys_state": port.phys_state,
+                        "link_layer": port.link_layer,
+                        "netdevs": ",".join(device.netdevs) or None,
+                    },
+                )
+            )
+    return found
+
+
+def check_rate_mismatch(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    expect = expectations(fleet, policies, cluster)
+    by_model: dict[str | None, Counter[float]] = {}
+    for _, snap in snapshots(fleet):
+        for device, port in ports(snap):
+            if is_active(port) and finite(port.rate_gbps):
+                by_model.setdefault(model_of(device), Counter())[port.rate_gbps or 0.0] += 1
+    # The fleet's mode per model; a tie goes to the highest rate (the others are "below").
+    modes = {
+        model: max(rate for rate, n in counts.items() if n == max(counts.values()))
+        for model, counts in by_model.items()
+    }
+    found: list[Finding] = []
+    for node, snap in snapshots(fleet):
+        minimum = expect[node].min_rate_gbps
+        for device, port in ports(snap):
+            rate = port.rate_gbps
+            if not is_active(port) or rate is None or not finite(rate):
+                continue
+            mode = modes.get(model_of(device))
+            below_min = minimum is not None and rate < minimum
+            below_mode = mode is not None and rate < mode
+            if not (below_min or below_mode):
+                continue
+            why = f"policy minimum {minimum:g}" if below_min else (
+                f"the fleet's usual {mode:g} Gb/s for {model_label(device)}"
+            )  # fmt: skip
+            found.append(
+                Finding(
+                    rule="rate-mismatch",
+                    severity="warning",
+                    node=node,
+                    subject=subject(device, port),
+                    message=f"{subject(device, port)} runs at {rate:g} Gb/s, below {why}; "
+                    "check the cable/transceiver and the switch port speed.",
+                    evidence={
+                        "rate_gbps": rate,
+                        "min_rate_gbps": minimum,
+                        "fleet_mode_gbps": mode,
+                        "model": model_of(device),
+                    },
+                )
+            )
+    return found
+
+
+def check_link_layer_mismatch(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    expect = expectations(fleet, policies, cluster)
+    layers_by_model: dict[str | None, list[str]] = {}
+    for _, snap in snapshots(fleet):
+        for device, port in ports(snap):
+            if port.link_layer != "Unknown":
+                layers_by_model.setdefault(model_of(device), []).append(port.link_layer)
+    usual_by_model = {model: majority(seen) for model, seen in layers_by_model.items()}
+    seen_by_model = {model: set(seen) for model, seen in layers_by_model.items()}
+    found: list[Finding] = []
+    for node, snap in snapshots(fleet):
+        wanted = expect[node].link_layer
+        has_wanted = any(p.link_layer == wanted for _, p in ports(snap))
+        for device, port in ports(snap):
+            if port.link_layer == "Unknown":
+                continue
+            seen = seen_by_model.get(model_of(device), set())
+            if wanted is not None:
+                # Only adapters that can run the wanted layer (the same model does so
+                # elsewhere), unless the node has no port on that layer at all.
+                if port.link_layer == wanted or (wanted not in seen and has_wanted):
+                    continue
+                reference: str = wanted
+                severity: Severity = "critical"
+                source = "the policy's linkLayer"
+            else:
+                usual = usual_by_model.get(model_of(device))
+                if usual is None or usual == port.link_layer:
+                    continue
+                reference, severity = usual, "warning"
+                source = f"the rest of the fleet's {model_label(device)} adapters"
+            found.append(
+                Finding(
+                    rule="link-layer-mismatch",
+                    severity=severity,
+                    node=node,
+                    subject=subject(device, port),
+                    message=f"{subject(device, port)} runs {port.link_layer} but {source} "
+                    f"use {reference}; set the port type with mlxconfig "
+                    "(LINK_TYPE_P<n>) and reset the adapter.",
+                    evidence={
+                        "link_layer": port.link_layer,
+                        "expected": reference,
+                        "model": model_of(device),
+                    },
+                )
+            )
+    return found
+
+
+def check_mtu_mismatch(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    """Fabric = link layer x role (compute adapter or not), fleet-wide."""
+    expect = expectations(fleet, policies, cluster)
+    members: dict[tuple[str, bool], list[tuple[str, str, str, int, bool]]] = {}
+    for node, snap in snapshots(fleet):
+        compute = {d.name for d in compute_adapters(snap, expect[node])}
+        for device in snap.devices:
+            layers = {p.port: p.link_layer for p in device.ports}
+            for iface in device.interfaces:
+                if iface.mtu is None or iface.mtu <= 0:
+                    continue
+                port = iface.port or 1
+                layer: str = layers.get(port, "Unknown")
+                key = (layer, device.name in compute)
+                row = (node, f"{device.name}/{port}", iface.name, iface.mtu, key[1])
+                members.setdefault(key, []).append(row)
+    found: list[Finding] = []
+    for (layer, _), rows in sorted(members.items()):
+        usual = majority(mtu for *_, mtu, _c in rows)
+        for node, where, netdev, mtu, is_compute in rows:
+            wanted = expect[node].mtu if is_compute else None
+            if wanted is not None and mtu != wanted:
+                why = f"the policy's {wanted}"
+            elif wanted is None and len(rows) > 1 and usual != mtu:
+                why = f"the {usual} used across its {layer} fabric"
+                if usual is None:
+                    why = f"the rest of its {layer} fabric, which has no majority MTU"
+            else:
+                continue
+            found.append(
+                Finding(
+                    rule="mtu-mismatch",
+                    severity="warning",
+                    node=node,
+                    subject=where,
+                    message=f"{netdev} ({where}) has MTU {mtu}, unlike {why}; set the same "
+                    "MTU on every port of the fabric (and on its switch ports).",
+                    evidence={
+                        "netdev": netdev,
+                        "mtu": mtu,
+                        "expected_mtu": wanted,
+                        "fabric_mtu": usual,
+                        "link_layer": layer,
+                    },
+                )
+            )
+    return found
+
+
+def check_link_flap(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    found: list[Finding] = []
+    for node in sorted(fleet):
+        batch = fleet[node].counters
+        if batch is None:
+            continue
+        for pc in batch.ports:
+            moving = {
+                key: rate for key in FLAP_COUNTERS
+                if finite(rate := pc.rates.get(key)) and (rate or 0.0) > 0
+            }  # fmt: skip
+            if not moving:
+                continue
+            where = f"{pc.device}/{pc.port}"
+            found.append(
+                Finding(
+                    rule="link-flap",
+                    severity="warning",
+                    node=node,
+                    subject=where,
+                    message=f"{where} is flapping ({', '.join(sorted(moving))} increasing): "
+                    "replace or reseat the cable/transceiver and check the switch port.",
+                    evidence={
+                        **{f"{k}_per_s": v for k, v in moving.items()},
+                        "link_downed": pc.counters.get("link_downed"),
+                        "link_error_recovery": pc.counters.get("link_error_recovery"),
+                    },
+                )
+            )
+    return found

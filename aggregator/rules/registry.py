@@ -1,0 +1,86 @@
+"""Every rule, in one explicit tuple, and `evaluate`: all enabled rules over the fleet view,
+findings sorted deterministically (severity, node, rule, subject).
+
+Pure. A rule that raises on input it did not foresee becomes a `data-quality` finding
+naming it, so one bad node can neither crash evaluation nor silence the other rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.fleet import NodeRecord
+from aggregator.rules import counters, dataquality, fleetpolicy, links, topology, versions
+from aggregator.rules.catalog import RULE_IDS, SEVERITY_ORDER
+from aggregator.rules.finding import Finding
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from proto.policy import Policy
+
+Check = Callable[
+    [Mapping[str, NodeRecord], tuple[Policy, ...], ClusterView, float, Thresholds], list[Finding]
+]
+
+ALL_RULES: Final[tuple[tuple[str, Check], ...]] = (
+    ("gpu-nic-affinity", topology.check_gpu_nic_affinity),
+    ("pcie-degraded", topology.check_pcie_degraded),
+    ("acs-enabled", topology.check_acs_enabled),
+    ("peermem-missing", topology.check_peermem_missing),
+    ("iommu-translated", topology.check_iommu_translated),
+    ("numa-unknown", topology.check_numa_unknown),
+    ("port-down", links.check_port_down),
+    ("rate-mismatch", links.check_rate_mismatch),
+    ("link-layer-mismatch", links.check_link_layer_mismatch),
+    ("mtu-mismatch", links.check_mtu_mismatch),
+    ("link-flap", links.check_link_flap),
+    ("counter-errors", counters.check_counter_errors),
+    ("retries-exceeded", counters.check_retries_exceeded),
+    ("cc-misconfigured", counters.check_cc_misconfigured),
+    ("fw-skew", versions.check_fw_skew),
+    ("fw-below-minimum", versions.check_fw_below_minimum),
+    ("driver-skew", versions.check_driver_skew),
+    ("agent-stale", fleetpolicy.check_agent_stale),
+    ("resource-zero", fleetpolicy.check_resource_zero),
+    ("selector-matches-nothing", fleetpolicy.check_selector_matches_nothing),
+    ("policy-conflict", fleetpolicy.check_policy_conflict),
+    ("rail-mismatch", fleetpolicy.check_rail_mismatch),
+    ("data-quality", dataquality.check_data_quality),
+)
+assert tuple(rule for rule, _ in ALL_RULES) == RULE_IDS, "ALL_RULES and the catalogue differ"
+
+
+def sort_key(finding: Finding) -> tuple[int, str, str, str]:
+    return (SEVERITY_ORDER[finding.severity], finding.node or "", finding.rule, finding.subject)
+
+
+def evaluate(
+    fleet: Mapping[str, NodeRecord],
+    policies: tuple[Policy, ...] = (),
+    cluster: ClusterView = NO_CLUSTER,
+    now: float = 0.0,
+    *,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> list[Finding]:
+    """All findings of every enabled rule; one per (rule, node, subject)."""
+    found: dict[tuple[str, str | None, str], Finding] = {}
+    for rule, check in ALL_RULES:
+        if not thresholds.enabled(rule):
+            continue
+        try:
+            results = check(fleet, policies, cluster, now, thresholds)
+        except Exception as exc:  # a rule bug must not hide every other finding
+            results = [
+                Finding(
+                    rule="data-quality",
+                    severity="warning",
+                    node=None,
+                    subject=f"rule/{rule}",
+                    message=f"Rule {rule} could not evaluate this fleet ({type(exc).__name__}: "
+                    f"{exc}); its findings are missing — report this input as a bug.",
+                    evidence={"rule": rule, "error": f"{type(exc).__name__}: {exc}"},
+                )
+            ]
+        for finding in results:
+            found.setdefault(finding.fingerprint, finding)
+    return sorted(found.values(), key=sort_key)

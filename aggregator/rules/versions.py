@@ -1,0 +1,183 @@
+"""Version rules: firmware skew against the same model in the node or the fleet, firmware
+below the policy's minimum, and kernel module (driver) versions differing across the fleet.
+
+Pure. Versions compare numerically by dotted parts ("28.41.1000" > "28.9.2000").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from aggregator.cluster import ClusterView
+from aggregator.fleet import NodeRecord
+from aggregator.rules.finding import Finding
+from aggregator.rules.fleetfacts import (
+    MODEL_NAMES,
+    expectations,
+    majority,
+    model_label,
+    model_of,
+    snapshots,
+)
+from aggregator.rules.thresholds import Thresholds
+from proto.inventory import Device
+from proto.policy import Policy
+
+Fleet = Mapping[str, NodeRecord]
+# The modules of the RDMA path whose versions must agree across the fleet.
+DRIVER_MODULES: Final = (
+    "mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "nvidia", "nvidia_peermem", "nv_peer_mem",
+)  # fmt: skip
+_VERSION: Final = re.compile(r"^\d+(\.\d+)*\Z")
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """(28, 41, 1000) from "28.41.1000"; None when not purely dotted numbers."""
+    if text is None or not _VERSION.fullmatch(text.strip()):
+        return None
+    return tuple(int(part) for part in text.strip().split("."))
+
+
+def check_fw_skew(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    fleet_fw: dict[str | None, list[str]] = {}
+    for _, snap in snapshots(fleet):
+        for d in snap.devices:
+            if d.fw_ver:
+                fleet_fw.setdefault(model_of(d), []).append(d.fw_ver)
+    fleet_majority = {model: majority(fws) for model, fws in fleet_fw.items()}
+    fleet_seen = {model: ",".join(sorted(set(fws))) for model, fws in fleet_fw.items()}
+    found: list[Finding] = []
+    for node, snap in snapshots(fleet):
+        node_fw: dict[str | None, list[str]] = {}
+        for d in snap.devices:
+            if d.fw_ver:
+                node_fw.setdefault(model_of(d), []).append(d.fw_ver)
+        for d in snap.devices:
+            if not d.fw_ver:
+                continue
+            peers = fleet_fw[model_of(d)]
+            if len(peers) < 2:
+                continue
+            in_node = majority(node_fw[model_of(d)])
+            in_fleet = fleet_majority[model_of(d)]
+            usual: str | None
+            if in_node is not None and d.fw_ver != in_node and len(node_fw[model_of(d)]) > 1:
+                scope, usual = "node", in_node
+            elif d.fw_ver != in_fleet:
+                scope, usual = "fleet", in_fleet
+            else:
+                continue
+            shown = usual or "no majority version"
+            found.append(
+                Finding(
+                    rule="fw-skew",
+                    severity="warning",
+                    node=node,
+                    subject=d.name,
+                    message=f"{d.name} ({model_label(d)}) runs firmware {d.fw_ver}, unlike "
+                    f"the {scope}'s {shown}; flash the fleet's version (mlxfwmanager) so all "
+                    "adapters of a model behave alike.",
+                    evidence={
+                        "fw_ver": d.fw_ver,
+                        "majority_fw": usual,
+                        "scope": scope,
+                        "model": model_of(d),
+                        "versions_seen": fleet_seen[model_of(d)],
+                    },
+                )
+            )
+    return found
+
+
+def _minimum_for(device: Device, minimums: Mapping[str, str]) -> tuple[str, str] | None:
+    """The policy key naming this adapter's model (device id, name, HCA type or board id)."""
+    model = model_of(device)
+    names = {
+        n.lower()
+        for n in (model, MODEL_NAMES.get(model or ""), device.hca_type, device.board_id)
+        if n
+    }
+    for key, version in sorted(minimums.items()):
+        if key.lower() in names:
+            return key, version
+    return None
+
+
+def check_fw_below_minimum(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    expect = expectations(fleet, policies, cluster)
+    found: list[Finding] = []
+    for node, snap in snapshots(fleet):
+        minimums = expect[node].min_firmware
+        if not minimums:
+            continue
+        for d in snap.devices:
+            match = _minimum_for(d, minimums)
+            if match is None:
+                continue
+            key, minimum = match
+            have, need = parse_version(d.fw_ver), parse_version(minimum)
+            if need is None or (have is not None and have >= need):
+                continue  # an unparsable version is reported by data-quality
+            found.append(
+                Finding(
+                    rule="fw-below-minimum",
+                    severity="critical",
+                    node=node,
+                    subject=d.name,
+                    message=f"{d.name} ({model_label(d)}) runs firmware "
+                    f"{d.fw_ver or 'unknown'}, below the policy's minimum {minimum}; flash "
+                    "at least that version (mlxfwmanager -u) and reset the adapter.",
+                    evidence={"fw_ver": d.fw_ver, "min_firmware": minimum, "policy_key": key},
+                )
+            )
+    return found
+
+
+def check_driver_skew(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    versions: dict[str, list[tuple[str, str]]] = {}
+    for node, snap in snapshots(fleet):
+        for module in DRIVER_MODULES:
+            info = snap.modules.get(module)
+            if info is not None:
+                # Inbox modules have no version; their srcversion identifies the build.
+                label = info.version or (f"srcversion {info.srcversion}" if info.srcversion
+                                         else "inbox")  # fmt: skip
+                versions.setdefault(module, []).append((node, label))
+    found: list[Finding] = []
+    for module, rows in sorted(versions.items()):
+        seen = ",".join(sorted({label for _, label in rows}))
+        if "," not in seen:
+            continue
+        usual = majority(label for _, label in rows)
+        for node, label in rows:
+            if label == usual:
+                continue
+            found.append(
+                Finding(
+                    rule="driver-skew",
+                    severity="warning",
+                    node=node,
+                    subject=module,
+                    message=f"Module {module} is {label} here but "
+                    f"{usual or 'different'} on the rest of the fleet; install the fleet's "
+                    "driver version (DOCA/MLNX_OFED or kernel) on this node.",
+                    evidence={
+                        "module": module,
+                        "version": label,
+                        "fleet_version": usual,
+                        "versions_seen": seen,
+                    },
+                )
+            )
+    return found
