@@ -177,6 +177,20 @@ def snapshot(
     "plugin on; later edits of the file are applied live.",
 )
 @click.option(
+    "--device-plugin",
+    "device_plugin_enabled",
+    is_flag=True,
+    help="Run the kubelet device plugin even without --device-plugin-config: its config "
+    "then comes from the aggregator (KV nicfleet-config).",
+)
+@click.option(
+    "--desired-config/--no-desired-config",
+    default=True,
+    show_default=True,
+    help="With the device plugin on, watch this node's desired config in KV "
+    "nicfleet-config; once present it wins over --device-plugin-config.",
+)
+@click.option(
     "--device-plugin-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_DEVICE_PLUGIN_DIR,
@@ -220,6 +234,8 @@ def run(
     netns: str | None,
     no_netlink: bool,
     device_plugin_config: Path | None,
+    device_plugin_enabled: bool,
+    desired_config: bool,
     device_plugin_dir: Path,
     plugins_registry_dir: Path,
     registration_mode: RegistrationMode,
@@ -249,13 +265,15 @@ def run(
         counter_interval=counter_interval,
         state_poll_interval=state_poll_interval
         if state_poll_interval is not None
-        else (0.05 if device_plugin_config is not None else 0.1),
+        else (0.05 if device_plugin_config is not None or device_plugin_enabled else 0.1),
         inventory_interval=inventory_interval,
         netlink=not no_netlink,
         netns=netns,
         verbs=_probe_verbs(verbs, sysfs_root),
         verbs_path=verbs_path,
         device_plugin_config=device_plugin_config,
+        device_plugin_enabled=device_plugin_enabled,
+        desired_config=desired_config,
         device_plugin=DevicePluginSettings(
             device_plugin_dir=device_plugin_dir,
             plugins_registry_dir=plugins_registry_dir,

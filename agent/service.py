@@ -20,6 +20,7 @@ import msgspec
 from agent import __version__
 from agent.changes import PortStates, diff_port_states
 from agent.counters import CounterReader
+from agent.desired import DesiredConfigWatcher, DesiredSettings
 from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
 from agent.errors import CollectionTimeout
 from agent.inventory import collect_snapshot
@@ -39,7 +40,13 @@ from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
+from proto.messages import (
+    CounterBatch,
+    DesiredConfig,
+    DevicePluginConfig,
+    DevicePluginStatus,
+    LinkEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,12 @@ class AgentSettings:
     device_plugin_config: Path | None = None
     device_plugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
     config_watch_interval: float = 1.0
+    # The device plugin also runs without a file when asked to (`--device-plugin`): the
+    # aggregator then provides its config through KV nicfleet-config (`desired_config`).
+    # A desired config, once present, wins over the file; see docs/reconcile.md.
+    device_plugin_enabled: bool = False
+    desired_config: bool = True
+    desired: DesiredSettings = field(default_factory=DesiredSettings)
 
 
 class AgentService:
@@ -92,13 +105,25 @@ class AgentService:
         self._status_changed = asyncio.Event()
         self.plugin: DevicePluginManager | None = None
         self.config_errors = 0  # device-plugin config versions refused (logged)
-        if settings.device_plugin_config is not None:
+        self._file_config: tuple[DevicePluginConfig, int] | None = None
+        self._desired: DesiredConfig | None = None
+        self._applied: tuple[DevicePluginConfig, int] | None = None
+        self.config_source: str | None = None  # "file" | "aggregator" | None (nothing yet)
+        self.desired: DesiredConfigWatcher | None = None
+        if settings.device_plugin_config is not None or settings.device_plugin_enabled:
             self.plugin = DevicePluginManager(
                 settings.device_plugin,
                 node=settings.node_name,
                 clock=clock,
                 on_status=lambda _status: self._status_changed.set(),
             )
+            if settings.desired_config:
+                self.desired = DesiredConfigWatcher(
+                    node=settings.node_name,
+                    url=settings.nats_url,
+                    on_config=self._on_desired,
+                    settings=settings.desired,
+                )
 
     async def _request_resync(self) -> None:
         self._resync.set()
@@ -129,7 +154,10 @@ class AgentService:
                 tasks.create_task(self._netlink_loop(stop))
             if self.plugin is not None:
                 tasks.create_task(self.plugin.run(stop))
-                tasks.create_task(self._config_loop(stop))
+                if self.settings.device_plugin_config is not None:
+                    tasks.create_task(self._config_loop(stop))
+                if self.desired is not None:
+                    tasks.create_task(self.desired.run(stop))
                 tasks.create_task(self._status_loop(stop))
 
     async def _connect(self, stop: asyncio.Event) -> None:
@@ -151,13 +179,37 @@ class AgentService:
                     seen = stamp
                     config = parse_device_plugin_config(path.read_bytes(), source=str(path))
                     generation += 1
-                    self.plugin.apply_config(config, generation)
-                    log.info("device-plugin config generation %d applied", generation)
+                    self._file_config = (config, generation)
+                    self._apply_effective()
             except (OSError, ConfigError) as exc:
                 # A broken edit keeps the last good config serving; the error is logged.
                 self.config_errors += 1
                 log.error("device-plugin config not applied: %s", exc)
             await _wait_any(stop, timeout=self.settings.config_watch_interval)
+
+    def _on_desired(self, desired: DesiredConfig | None) -> None:
+        self._desired = desired
+        self._apply_effective()
+
+    def _apply_effective(self) -> None:
+        """Serve the aggregator's desired config when there is one, else the file's; with
+        neither (the desired key was deleted and there is no file) serve nothing."""
+        assert self.plugin is not None
+        if self._desired is not None:
+            wanted = (self._desired.device_plugin, self._desired.generation)
+            source = "aggregator"
+        elif self._file_config is not None:
+            wanted, source = self._file_config, "file"
+        else:
+            generation = self._applied[1] if self._applied is not None else 0
+            wanted, source = (DevicePluginConfig(), generation), "none"
+        if wanted == self._applied:
+            return
+        if source == "file" and self.config_source == "aggregator":
+            log.info("desired config removed; back to the config file")
+        self._applied, self.config_source = wanted, source
+        self.plugin.apply_config(*wanted)
+        log.info("device-plugin config generation %d applied (from %s)", wanted[1], source)
 
     async def _status_loop(self, stop: asyncio.Event) -> None:
         assert self.plugin is not None

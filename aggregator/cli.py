@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 
 from aggregator import __version__
+from aggregator.alerts.alertmanager import AlertmanagerSettings
+from aggregator.alerts.setup import AlertWiring
 from aggregator.errors import AggregatorError
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto.policy import Policy, PolicyError, load_policies
@@ -43,6 +45,14 @@ class _Listen(click.ParamType):  # type: ignore[type-arg]
             return parse_listen(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def _check_alertmanager_url(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not an http:// or https:// URL", ctx, param)
+    return value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,6 +93,11 @@ def main() -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write {api_url, nats_url, pid} as JSON here once ready.",
 )
+@click.option(
+    "--alertmanager-url",
+    callback=_check_alertmanager_url,
+    help="Post alerts to this Alertmanager (v2 API), e.g. http://alertmanager:9093.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def run(
     nats_url: str | None,
@@ -91,6 +106,7 @@ def run(
     stale_after: float,
     nats_store_dir: Path | None,
     ready_file: Path | None,
+    alertmanager_url: str | None,
     verbose: int,
 ) -> None:
     """Consume node messages from NATS, keep the fleet view and serve the API."""
@@ -112,6 +128,10 @@ def run(
         nats_store_dir=nats_store_dir,
         ready_file=ready_file,
         policies=policies,
+        policy_file=policy_file,
+        alerts=AlertWiring(
+            alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
+        ),
     )
     try:
         asyncio.run(_serve(settings))

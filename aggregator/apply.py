@@ -1,0 +1,249 @@
+"""Reconcile, the I/O half: performs a `Plan` and publishes policy statuses.
+
+Desired configs go to the `nicfleet-config` KV bucket (key = node token, value = encoded
+`DesiredConfig`); with a Kubernetes adapter, policy status, Events for node state changes
+and `nicfleet.io/*` node labels are written through it. Decides nothing: `reconcile` and
+`policystatus` do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Literal, Protocol
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+
+from aggregator.cluster import ClusterView
+from aggregator.errors import KubeError
+from aggregator.fleet import NodeRecord
+from aggregator.nodelabels import node_labels
+from aggregator.policystatus import NodeChange, PolicyStatus
+from aggregator.reconcile import Action, DeleteDesiredConfig, PutDesiredConfig
+from aggregator.store import open_bucket
+from proto import subjects
+from proto.codec import CodecError, decode, encode
+from proto.messages import DesiredConfig
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "nicfleet.io/"
+
+
+class KubeWriter(Protocol):
+    """What apply needs from `aggregator.kube` (the real adapter, or a test double)."""
+
+    async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    async def create_event(
+        self,
+        *,
+        kind: Literal["Node", "NicFleetPolicy"],
+        name: str,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",
+        uid: str | None = None,
+        instance: str = "",
+    ) -> None: ...
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> None: ...
+
+
+# Every agent watches its key through its own ordered consumer on the bucket's stream;
+# nats-server 2.15 caps a stream at 1000 consumers unless the stream sets a limit itself.
+CONFIG_MAX_CONSUMERS = 100_000
+
+
+async def open_config_bucket(js: JetStreamContext) -> KeyValue:
+    """The `nicfleet-config` bucket (created on first use) with room for one watch per
+    node: its stream's consumer limit is raised to CONFIG_MAX_CONSUMERS."""
+    kv = await open_bucket(js, subjects.KV_CONFIG)
+    stream = f"KV_{subjects.KV_CONFIG}"
+    try:
+        info = await js.stream_info(stream)
+        limit = info.config.max_consumers
+        if limit is None or limit <= 0 or limit < CONFIG_MAX_CONSUMERS:
+            config = replace(info.config, max_consumers=CONFIG_MAX_CONSUMERS)
+            await js.update_stream(config)
+    except (TimeoutError, JetStreamError) as exc:
+        log.warning("%s: cannot raise the consumer limit: %s", subjects.KV_CONFIG, exc)
+    return kv
+
+
+class ConfigStore:
+    """The `nicfleet-config` bucket; `stored` mirrors what it holds after our writes."""
+
+    def __init__(self, kv: KeyValue, *, concurrency: int = 64) -> None:
+        self._kv = kv
+        self._limit = asyncio.Semaphore(concurrency)
+        self.stored: dict[str, DesiredConfig] = {}
+
+    async def load(self) -> dict[str, DesiredConfig]:
+        """Read every decodable config in the bucket into `stored` (on start, on leadership)."""
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            keys = []
+        loaded: dict[str, DesiredConfig] = {}
+        for key in keys:
+            try:
+                entry = await self._kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value is None:
+                continue
+            try:
+                config = decode(entry.value, DesiredConfig)
+            except CodecError as exc:
+                log.warning("%s: skipping undecodable key %s: %s", subjects.KV_CONFIG, key, exc)
+                continue
+            loaded[config.node] = config
+        self.stored = loaded
+        return loaded
+
+    async def apply(self, actions: Sequence[Action]) -> list[str]:
+        """Perform every action (bounded concurrency); errors are returned and logged, and
+        a failed action leaves `stored` as it was so that the next plan repeats it."""
+        errors: list[str] = []
+
+        async def one(action: Action) -> None:
+            async with self._limit:
+                try:
+                    await self._perform(action)
+                except (TimeoutError, JetStreamError, OSError) as exc:
+                    errors.append(f"{subjects.KV_CONFIG} {action.node}: {exc}")
+
+        async with asyncio.TaskGroup() as tasks:
+            for action in actions:
+                tasks.create_task(one(action))
+        for error in errors:
+            log.warning("desired config not written: %s", error)
+        return errors
+
+    async def _perform(self, action: Action) -> None:
+        key = subjects.node_token(action.node)
+        if isinstance(action, PutDesiredConfig):
+            await self._kv.put(key, encode(action.config))
+            self.stored[action.node] = action.config
+        elif isinstance(action, DeleteDesiredConfig):
+            await self._kv.delete(key)
+            self.stored.pop(action.node, None)
+
+
+def status_document(
+    status: PolicyStatus,
+    previous: Mapping[str, Any] | None,
+    now: str,
+    observed_generation: int | None = None,
+) -> dict[str, Any]:
+    """The `status` of a NicFleetPolicy (the CRD's schema: observedGeneration, conditions,
+    nodes counts); lastTransitionTime moves only when a condition's status changes."""
+    before = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    conditions = []
+    for c in status.conditions:
+        old = before.get(c.type)
+        since = old["lastTransitionTime"] if old and old.get("status") == c.status else now
+        conditions.append(
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": since,
+            }
+        )
+    s = status.summary
+    document: dict[str, Any] = {
+        "conditions": conditions,
+        "nodes": {
+            "selected": s.selected,
+            "configured": s.configured,
+            "advertising": s.advertising,
+            "healthy": s.healthy,
+        },
+    }
+    if observed_generation is not None:
+        document["observedGeneration"] = observed_generation
+        for condition in conditions:
+            condition["observedGeneration"] = observed_generation
+    return document
+
+
+def label_patch(record: NodeRecord, cluster: ClusterView) -> dict[str, str | None] | None:
+    """The label changes a node needs (None values remove), or None when it needs none."""
+    node = cluster.nodes.get(record.name)
+    if node is None or record.snapshot is None:
+        return None
+    wanted = node_labels(record.snapshot)
+    have = {k: v for k, v in node.labels.items() if k.startswith(LABEL_PREFIX)}
+    patch: dict[str, str | None] = {k: v for k, v in wanted.items() if have.get(k) != v}
+    patch.update({k: None for k in have if k not in wanted})
+    return patch or None
+
+
+class KubeApplier:
+    """Writes statuses, Events and labels through a KubeWriter; remembers what it wrote so
+    that an unchanged status is not patched again."""
+
+    def __init__(self, kube: KubeWriter) -> None:
+        self._kube = kube
+        self._documents: dict[str, dict[str, Any]] = {}
+        self._labels: dict[str, dict[str, str | None]] = {}
+
+    async def apply(
+        self,
+        statuses: Sequence[PolicyStatus],
+        changes: Sequence[NodeChange],
+        fleet: Mapping[str, NodeRecord],
+        cluster: ClusterView,
+        *,
+        now: str,
+        observed_generation: Callable[[str], int | None] = lambda _name: None,
+    ) -> list[str]:
+        errors: list[str] = []
+        for status in statuses:
+            previous = self._documents.get(status.policy)
+            generation = observed_generation(status.policy)
+            document = status_document(status, previous, now, generation)
+            if document != previous and await self._call(
+                errors, self._kube.patch_policy_status(status.policy, document)
+            ):
+                self._documents[status.policy] = document
+        for change in changes:
+            type_: Literal["Normal", "Warning"] = "Normal" if change.new == "Ready" else "Warning"
+            old, new = change.old or "unselected", change.new or "unselected"
+            text = f"{change.node}: {old} -> {new}: {change.message}"
+            targets: tuple[tuple[Literal["Node", "NicFleetPolicy"], str], ...] = (
+                ("NicFleetPolicy", change.policy),
+                ("Node", change.node),
+            )
+            for kind, name in targets:
+                await self._call(
+                    errors,
+                    self._kube.create_event(
+                        kind=kind, name=name, reason=change.reason, message=text, type=type_
+                    ),
+                )
+        for record in fleet.values():
+            patch = label_patch(record, cluster)
+            if patch is None or self._labels.get(record.name) == patch:
+                continue
+            if await self._call(errors, self._kube.patch_node_labels(record.name, patch)):
+                self._labels[record.name] = patch
+        return errors
+
+    @staticmethod
+    async def _call(errors: list[str], call: Any) -> bool:
+        try:
+            await call
+        except (KubeError, ValueError, OSError) as exc:  # logged; reconciling goes on
+            errors.append(f"kubernetes: {exc}")
+            log.warning("kubernetes write failed: %s", exc)
+            return False
+        return True

@@ -1,0 +1,274 @@
+"""Benchmark: policy change -> every one of N simulated agents reports the new config applied.
+
+One real nats-server, one `nicfleet-aggregator run --policy FILE` process and N lightweight
+simulated agents (asyncio tasks spread over --procs processes; each watches its own key of
+KV nicfleet-config and publishes a DevicePluginStatus with the new generation, no real
+device plugin). The policy file is rewritten --changes times; per change the latency of
+each node (file written -> its status with the new generation received here) is recorded.
+Never a test. Run: .venv/bin/python bench/policy_fanout.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import nats
+import yaml
+
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from proto import subjects  # noqa: E402
+from proto.codec import decode, encode  # noqa: E402
+from proto.messages import DesiredConfig, DevicePluginStatus, ResourceStatus  # noqa: E402
+
+TARGET_P99_S: Final = 2.0
+RESOURCE: Final = "rdma/bench"
+AGENTS_PER_CONNECTION: Final = 100
+
+
+def node_name(i: int) -> str:
+    return f"sim-{i:05d}"
+
+
+def policy_text(hca_max: int) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "nicfleet.io/v1alpha1",
+            "kind": "NicFleetPolicy",
+            "metadata": {"name": "bench"},
+            "spec": {
+                "rdmaSharedDevicePlugin": {
+                    "configList": [
+                        {"resourceName": "bench", "rdmaHcaMax": hca_max,
+                         "selectors": {"vendors": ["15b3"]}}
+                    ]
+                }
+            },
+        }
+    )  # fmt: skip
+
+
+# --- simulated agents (run in child processes) ----------------------------------------
+
+
+async def sim_agent(
+    nc: nats.NATS, node: str, ready: asyncio.Event, count: list[int], setup: asyncio.Semaphore
+) -> None:
+    subject = subjects.node_subject(node, subjects.STATUS)
+
+    async def report(generation: int, advertised: int) -> None:
+        status = DevicePluginStatus(
+            node=node,
+            config_generation=generation,
+            registered=True,
+            resources=(ResourceStatus(name=RESOURCE, advertised=advertised, healthy=advertised,
+                                      registration="registered"),),
+            observed_at=time.time(),
+        )  # fmt: skip
+        await nc.publish(subject, encode(status))
+
+    await report(0, 0)  # makes the node known to the aggregator
+    while True:  # a thousand watches created at once time out the JetStream API: pace them
+        try:
+            async with setup:
+                kv = await nc.jetstream().key_value(subjects.KV_CONFIG)
+                watcher = await kv.watch(subjects.node_token(node))
+            break
+        except (nats.js.errors.BucketNotFoundError, nats.errors.TimeoutError, TimeoutError):
+            await asyncio.sleep(0.2)
+    count[0] += 1
+    if count[0] == count[1]:
+        ready.set()
+    async for entry in watcher:
+        if entry is None or entry.operation is not None or not entry.value:
+            continue
+        desired = decode(entry.value, DesiredConfig)
+        hca = desired.device_plugin.config_list[0].rdma_hca_max
+        await report(desired.generation, hca)
+
+
+async def sim_main(url: str, first: int, count: int, ready_file: Path) -> None:
+    ready = asyncio.Event()
+    watching = [0, count]
+    setup = asyncio.Semaphore(16)
+    conns = [
+        await nats.connect(url, max_reconnect_attempts=-1)
+        for _ in range(0, count, AGENTS_PER_CONNECTION)
+    ]
+    async with asyncio.TaskGroup() as tasks:
+        for i in range(count):
+            nc = conns[i // AGENTS_PER_CONNECTION]
+            tasks.create_task(sim_agent(nc, node_name(first + i), ready, watching, setup))
+        await ready.wait()
+        touch(ready_file)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+
+
+# --- the measuring side ---------------------------------------------------------------
+
+
+def spawn(argv: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=REPO, stderr=subprocess.DEVNULL if quiet else None)
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+def touch(path: Path) -> None:
+    path.write_text("ok")
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not exists(path):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    server = NatsServer(NatsServerSettings(store_dir=work / "js")).start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        policy = work / "policy.yaml"
+        policy.write_text(policy_text(1))
+        agg_ready = work / "aggregator.ready"
+        procs.append(spawn(
+            [sys.executable, "-m", "aggregator", "run", "--nats-url", server.url,
+             "--policy", str(policy), "--listen", "127.0.0.1:0", "--ready-file", str(agg_ready)],
+            quiet=True,
+        ))  # fmt: skip
+        await wait_file(agg_ready, procs[0], 30)
+        latest: dict[str, int] = {}
+        arrivals: dict[str, float] = {}
+        target = [1]
+        nc = await nats.connect(server.url)
+
+        async def on_status(msg: Any) -> None:
+            status = decode(msg.data, DevicePluginStatus)
+            latest[status.node] = max(latest.get(status.node, 0), status.config_generation)
+            if status.config_generation >= target[0] and status.node not in arrivals:
+                arrivals[status.node] = time.time()
+
+        await nc.subscribe(subjects.NODE_WILDCARD.replace(".*.*", ".*.status"), cb=on_status)
+        per_proc = -(-args.agents // args.procs)
+        started = time.monotonic()
+        for p in range(args.procs):
+            first, count = p * per_proc, min(per_proc, args.agents - p * per_proc)
+            ready = work / f"sim-{p}.ready"
+            procs.append(spawn(
+                [sys.executable, __file__, "--sim", server.url, str(first), str(count), str(ready)],
+            ))  # fmt: skip
+        for p in range(args.procs):
+            await wait_file(work / f"sim-{p}.ready", procs[1 + p], 300)
+        setup_s = time.monotonic() - started
+        await wait_all(latest, args.agents, 1, timeout=120)
+        changes = []
+        for change in range(args.changes):
+            generation = change + 2
+            arrivals.clear()
+            target[0] = generation
+            t0 = time.time()
+            tmp = policy.with_name("policy.yaml.tmp")
+            tmp.write_text(policy_text(generation))
+            tmp.replace(policy)
+            await wait_all(latest, args.agents, generation, timeout=60)
+            lat = [arrivals[n] - t0 for n in arrivals]
+            changes.append({
+                "p50_s": round(quantile(lat, 0.5), 3), "p99_s": round(quantile(lat, 0.99), 3),
+                "all_s": round(max(lat), 3), "first_s": round(min(lat), 3), "nodes": len(lat),
+            })  # fmt: skip
+            await asyncio.sleep(args.pause)  # let the fleet settle between changes
+        await nc.close()
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.close()
+    return {
+        "agents": args.agents,
+        "sim_processes": args.procs,
+        "changes": changes,
+        "median_p50_s": round(statistics.median(c["p50_s"] for c in changes), 3),
+        "median_p99_s": round(statistics.median(c["p99_s"] for c in changes), 3),
+        "median_all_s": round(statistics.median(c["all_s"] for c in changes), 3),
+        # first_s is mostly the policy-file poll (0-0.5 s); all_s - first_s is the fan-out.
+        "median_spread_s": round(statistics.median(c["all_s"] - c["first_s"] for c in changes), 3),
+        "target_p99_s": TARGET_P99_S,
+        "setup_s": round(setup_s, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg": os.getloadavg()},
+    }  # fmt: skip
+
+
+async def wait_all(latest: dict[str, int], agents: int, generation: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(g >= generation for g in latest.values()) < agents:
+        if time.monotonic() > deadline:
+            done = sum(g >= generation for g in latest.values())
+            raise TimeoutError(f"only {done}/{agents} agents at generation {generation}")
+        await asyncio.sleep(0.01)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--procs", type=int, default=2, help="simulated-agent processes")
+    parser.add_argument("--changes", type=int, default=5, help="policy changes measured")
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds between changes")
+    parser.add_argument("--sim", nargs=4, metavar=("URL", "FIRST", "COUNT", "READY"),
+                        help=argparse.SUPPRESS)  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.sim:
+        url, first, count, ready = args.sim
+        asyncio.run(sim_main(url, int(first), int(count), Path(ready)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="nicfleet-fanout-") as tmp:
+        report = asyncio.run(measure(args, Path(tmp)))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        for i, c in enumerate(report["changes"]):
+            print(f"change {i + 1}: p50 {c['p50_s']} s, p99 {c['p99_s']} s, all {c['all_s']} s")
+        print(f"median over {len(report['changes'])} changes: p50 {report['median_p50_s']} s, "
+              f"p99 {report['median_p99_s']} s (target < {TARGET_P99_S} s), "
+              f"all {report['median_all_s']} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
