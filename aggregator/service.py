@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
@@ -23,13 +23,19 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
+from aggregator.alerts.engine import AlertEngine, Evaluate
+from aggregator.alerts.setup import AlertWiring, open_alert_engine
 from aggregator.api import ApiSettings, build_app
+from aggregator.api_alerts import add_alert_routes
+from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
 from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
 from aggregator.metrics import Metrics
 from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.policies import FilePolicies
+from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from proto import subjects
 from proto.policy import Policy
@@ -46,11 +52,19 @@ class AggregatorSettings:
     nats_store_dir: Path | None = None  # embedded server's JetStream store
     ready_file: Path | None = None
     policies: tuple[Policy, ...] = ()  # from --policy; the CRD replaces this in clusters
+    policy_file: Path | None = None  # --policy: re-read when it changes (aggregator.policies)
+    policy_watch_interval: float = 0.5
+    reconcile_tick: float = 5.0
+    alerts: AlertWiring = field(default_factory=AlertWiring)  # rules tick, Alertmanager
 
 
 class AggregatorService:
     def __init__(
-        self, settings: AggregatorSettings, *, clock: Callable[[], float] = time.time
+        self,
+        settings: AggregatorSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        rules: Evaluate | None = None,  # default: every rule (aggregator.alerts.setup)
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -65,6 +79,9 @@ class AggregatorService:
         # Every accepted node message is announced here; loops that react to the fleet
         # (rules, reconcile) subscribe instead of polling.
         self.changes = ChangeFeed()
+        self.reconciler: Reconciler | None = None  # set once NATS is up (run)
+        self._rules = rules
+        self.alerts: AlertEngine | None = None  # set once NATS is up (run)
 
     def readiness(self) -> tuple[bool, str]:
         if self._nc is None or not self._nc.is_connected:
@@ -107,12 +124,41 @@ class AggregatorService:
                 ingest.handle(msg.subject, msg.data)
 
             await nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
+            config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
+            policy_source = FilePolicies(
+                self.settings.policy_file,
+                self.settings.policies,
+                interval=self.settings.policy_watch_interval,
+            )
+            self.reconciler = Reconciler(
+                ReconcileSettings(
+                    stale_after=self.settings.stale_after, tick=self.settings.reconcile_tick
+                ),
+                fleet=self.fleet,
+                changes=self.changes.subscribe(),
+                policies=policy_source,
+                store=config_store,
+                clock=self.clock,
+            )
+            self.alerts = await open_alert_engine(
+                nc=nc,
+                fleet=self.fleet,
+                changes=self.changes.subscribe(),
+                policies=lambda: policy_source.current().policies,
+                registry=self.metrics.registry,
+                clock=self.clock,
+                wiring=self.settings.alerts,
+                evaluate=self._rules,
+            )
             runner = await self._start_api()
             self._write_ready_file()
             self.ready.set()
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._writer.run(stop))
                 tasks.create_task(self._track_nodes(stop))
+                tasks.create_task(policy_source.run(stop))
+                tasks.create_task(self.reconciler.run(stop))
+                tasks.create_task(self.alerts.run(stop))
         finally:
             self.ready.clear()
             if runner is not None:
@@ -170,6 +216,8 @@ class AggregatorService:
             metrics=self.metrics.registry,
             policies=self.settings.policies,
         )
+        if self.alerts is not None:
+            add_alert_routes(app, engine=self.alerts)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)

@@ -126,3 +126,8 @@ from aggregator.ctl.chain import resources, trace  # noqa: E402
 
 cli.add_command(trace)
 cli.add_command(resources)
+
+from aggregator.ctl.alerts import alerts, findings  # noqa: E402
+
+cli.add_command(alerts)
+cli.add_command(findings)

@@ -1,0 +1,1 @@
+"""Alerts: the lifecycle of findings (pure), their persistence and their delivery."""

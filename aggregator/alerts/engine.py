@@ -1,0 +1,264 @@
+"""The alert engine: evaluates the rules when the fleet changes and on a periodic tick,
+advances the lifecycle, persists the alert states and delivers the transitions.
+
+Owns one TaskGroup (the evaluation loop, the Alertmanager sender, the Kubernetes Event
+sender). Rules and lifecycle are pure; this module does the I/O around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+
+from aggregator.alerts.alertmanager import AlertmanagerSink
+from aggregator.alerts.delivery import Broker, publish_alert
+from aggregator.alerts.lifecycle import (
+    FLEET_NODE,
+    LifecycleSettings,
+    RuleTiming,
+    Step,
+    Tracked,
+    step,
+)
+from aggregator.alerts.metrics import AlertMetrics
+from aggregator.alerts.store import AlertStore
+from aggregator.changes import Subscription
+from aggregator.cluster import ClusterView
+from aggregator.fleet import Fleet
+from aggregator.rules.finding import Finding
+from proto.messages import Alert
+from proto.policy import Policy
+
+log = logging.getLogger(__name__)
+
+Evaluate = Callable[[Fleet, tuple[Policy, ...], ClusterView, float], Sequence[Finding]]
+# Per-rule `for`/`clear` from the policies' `alerts` sections (absent rule: the default).
+Timings = Callable[[tuple[Policy, ...]], Mapping[str, RuleTiming]]
+EventType = Literal["Normal", "Warning"]
+
+
+class EventSink(Protocol):
+    """Creates a Kubernetes Event on a node (aggregator.kube implements it)."""
+
+    async def create_event(
+        self, *, node: str, reason: str, message: str, event_type: EventType
+    ) -> None: ...
+
+
+class NoClusterEvents:
+    """The sink without a cluster: there is nowhere to put an Event."""
+
+    async def create_event(
+        self, *, node: str, reason: str, message: str, event_type: EventType
+    ) -> None:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    tick_s: float = 1.0  # re-evaluate at least this often (for durations, staleness)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    event_queue: int = 256
+    # After a start, alerts of nodes without a fresh snapshot are not resolved for this
+    # long (the fleet rebuilt from KV may be older than what the alerts were raised on).
+    startup_grace_s: float = 30.0
+
+
+def _durable(state: Tracked | None) -> object:
+    # Evidence and message change with every counter sample; persisting them each time
+    # would turn KV into a counter log. They are refreshed by the first evaluation anyway.
+    if state is None:
+        return None
+    a = state.alert
+    return (state.phase, a.state, a.severity, a.starts_at, a.ends_at, state.pending_since,
+            state.absent_since, state.fired_at, state.flapping)  # fmt: skip
+
+
+class AlertEngine:
+    def __init__(
+        self,
+        *,
+        fleet: Fleet,
+        changes: Subscription,
+        evaluate: Evaluate,
+        policies: Callable[[], tuple[Policy, ...]],
+        cluster: Callable[[], ClusterView],
+        settings: EngineSettings,
+        metrics: AlertMetrics,
+        broker: Broker,
+        nc: NatsClient | None = None,
+        store: AlertStore | None = None,
+        alertmanager: AlertmanagerSink | None = None,
+        events: EventSink | None = None,
+        timings: Timings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.fleet = fleet
+        self._changes = changes
+        self._evaluate = evaluate
+        self._policies = policies
+        self._cluster = cluster
+        self.settings = settings
+        self.metrics = metrics
+        self.broker = broker
+        self._nc = nc
+        self._store = store
+        self.alertmanager = alertmanager
+        self._events: EventSink = events if events is not None else NoClusterEvents()
+        self._event_queue: asyncio.Queue[Alert] = asyncio.Queue(maxsize=settings.event_queue)
+        self._timings = timings
+        self._clock = clock
+        self.states: dict[str, Tracked] = {}
+        self.findings: tuple[Finding, ...] = ()
+        self.evaluated_at: float | None = None
+        self._started_at: float | None = None
+
+    def load(self, states: dict[str, Tracked]) -> None:
+        """Start from persisted states: firing alerts stay firing and are not re-sent."""
+        self.states = dict(states)
+        self.metrics.firing.set(sum(1 for s in states.values() if s.phase == "firing"))
+
+    def firing(self) -> list[Alert]:
+        return [s.alert for s in self.states.values() if s.phase == "firing"]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._loop(stop))
+                tasks.create_task(self._send_events(stop))
+                if self.alertmanager is not None:
+                    tasks.create_task(self.alertmanager.run(stop))
+        finally:
+            self.broker.close()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        self._started_at = self._clock()
+        await self.cycle("start")
+        next_tick = time.monotonic() + self.settings.tick_s
+        while not stop.is_set():
+            timeout = max(0.0, next_tick - time.monotonic())
+            changed = await _first(stop, self._changes, timeout)
+            if stop.is_set():
+                break
+            ticked = time.monotonic() >= next_tick
+            if ticked:
+                next_tick = time.monotonic() + self.settings.tick_s
+            await self.cycle("change" if changed else "tick")
+
+    async def cycle(self, trigger: str) -> Step | None:
+        """Evaluate, advance, deliver, persist. Never raises for a rule bug."""
+        started = time.perf_counter()
+        now = self._clock()
+        policies = self._policies()
+        try:
+            findings = tuple(self._evaluate(self.fleet, policies, self._cluster(), now))
+        except Exception:
+            # A rule bug must not stop alerting on everything else, nor resolve all alerts.
+            log.exception("rule evaluation failed; keeping the previous findings")
+            self.metrics.evaluate_errors.inc()
+            return None
+        lifecycle = self.settings.lifecycle
+        if self._timings is not None:
+            lifecycle = replace(lifecycle, timings=self._timings(policies))
+        result = step(self.states, findings, now, lifecycle, held=self._held(now))
+        old = self.states
+        self.states = result.states
+        self.findings = findings
+        self.evaluated_at = now
+        self.metrics.evaluations.labels(trigger).inc()
+        self.metrics.findings.set(len(findings))
+        self.metrics.firing.set(sum(1 for s in result.states.values() if s.phase == "firing"))
+        await self._deliver(result.transitions)
+        self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+        if self._store is not None:
+            durable = {
+                k for k in result.changed if _durable(old.get(k)) != _durable(result.states[k])
+            }
+            _, failures = await self._store.save(result.states, durable, result.removed)
+            if failures:
+                self.metrics.store_errors.inc(failures)
+        return result
+
+    def _held(self, now: float) -> frozenset[str]:
+        started = self._started_at
+        if started is None or now - started >= self.settings.startup_grace_s:
+            return frozenset()
+        # Counter batches and events do not restate port states; only a snapshot does.
+        return frozenset(
+            name
+            for name, record in self.fleet.view().items()
+            if record.snapshot_received_at is None or record.snapshot_received_at < started
+        )
+
+    async def _deliver(self, transitions: tuple[Alert, ...]) -> None:
+        if not transitions:
+            return
+        for alert in transitions:
+            self.metrics.transitions.labels(alert.state).inc()
+            if self._nc is not None:
+                try:
+                    await publish_alert(self._nc, alert)
+                except (NatsError, OSError, TimeoutError) as exc:
+                    self.metrics.publish_errors.inc()
+                    log.warning("publishing alert %s failed: %s", alert.fingerprint, exc)
+            if alert.severity == "critical" and alert.node != FLEET_NODE:
+                try:
+                    self._event_queue.put_nowait(alert)
+                except asyncio.QueueFull:
+                    self.metrics.events.labels("dropped").inc()
+        self.broker.publish(transitions)
+        if self.alertmanager is not None:
+            self.alertmanager.submit(list(transitions))
+
+    async def _send_events(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            getter = asyncio.ensure_future(self._event_queue.get())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                if not getter.done():
+                    getter.cancel()
+            if not getter.done() or getter.cancelled():
+                continue
+            alert = getter.result()
+            firing = alert.state == "firing"
+            try:
+                await self._events.create_event(
+                    node=alert.node,
+                    reason="NicfleetAlertFiring" if firing else "NicfleetAlertResolved",
+                    message=f"[{alert.rule}] {alert.subject}: {alert.message}",
+                    event_type="Warning" if firing else "Normal",
+                )
+            except Exception as exc:
+                self.metrics.events.labels("failed").inc()
+                log.warning("Kubernetes Event for alert %s failed: %s", alert.fingerprint, exc)
+            else:
+                self.metrics.events.labels("ok").inc()
+
+
+async def _first(stop: asyncio.Event, changes: Subscription, timeout: float) -> bool:
+    """Wait for a fleet change, stop or the timeout; True when nodes changed."""
+    waiter = asyncio.ensure_future(changes.wait(timeout))
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+    if waiter.cancelled() or not waiter.done():
+        return False
+    nodes, _ = waiter.result()
+    return bool(nodes)

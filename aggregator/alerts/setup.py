@@ -1,0 +1,141 @@
+"""Assemble the alert engine for the aggregator process: KV bucket, persisted states,
+broker, optional Alertmanager sender, and the rule evaluation it runs.
+
+Only wiring; the parts live in their own modules. `AllRules` runs every rule of
+`aggregator.rules.registry` with the policies' `alerts` thresholds and timings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NatsClient
+from prometheus_client import CollectorRegistry
+
+from aggregator.alerts.alertmanager import AlertmanagerSettings, AlertmanagerSink
+from aggregator.alerts.delivery import Broker
+from aggregator.alerts.engine import (
+    AlertEngine,
+    EngineSettings,
+    Evaluate,
+    EventSink,
+    EventType,
+    Timings,
+)
+from aggregator.alerts.lifecycle import RuleTiming
+from aggregator.alerts.metrics import AlertMetrics
+from aggregator.alerts.store import AlertStore, load_states
+from aggregator.changes import Subscription
+from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.fleet import Fleet
+from aggregator.kube import KubeClient
+from aggregator.rules import registry
+from aggregator.rules.finding import Finding
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds, thresholds_for
+from aggregator.store import open_bucket
+from proto import subjects
+from proto.policy import Policy
+
+
+class NodeEvents:
+    """The EventSink of a cluster: alert Events on the Node object (aggregator.kube)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    async def create_event(
+        self, *, node: str, reason: str, message: str, event_type: EventType
+    ) -> None:
+        await self._client.create_event(
+            kind="Node", name=node, reason=reason, message=message, type=event_type
+        )
+
+
+class AllRules:
+    """The real rule set; thresholds and timings parsed once per policy tuple."""
+
+    def __init__(self) -> None:
+        self._policies: tuple[Policy, ...] | None = None
+        self._thresholds: tuple[Thresholds, tuple[Finding, ...]] = (DEFAULT_THRESHOLDS, ())
+
+    def _parsed(self, policies: tuple[Policy, ...]) -> tuple[Thresholds, tuple[Finding, ...]]:
+        if policies is not self._policies:
+            self._policies = policies
+            self._thresholds = thresholds_for(policies)
+        return self._thresholds
+
+    def evaluate(
+        self, fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+    ) -> Sequence[Finding]:
+        thresholds, problems = self._parsed(policies)
+        found = registry.evaluate(fleet.view(), policies, cluster, now, thresholds=thresholds)
+        return [*problems, *found]
+
+    def timings(self, policies: tuple[Policy, ...]) -> Mapping[str, RuleTiming]:
+        thresholds, _ = self._parsed(policies)
+        return {
+            rule: RuleTiming(for_s=s.for_s, clear_s=s.resolve_s)
+            for rule, s in thresholds.rules.items()
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertWiring:
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    alertmanager: AlertmanagerSettings | None = None
+
+
+async def open_alert_engine(
+    *,
+    nc: NatsClient,
+    fleet: Fleet,
+    changes: Subscription,
+    policies: Callable[[], tuple[Policy, ...]],
+    cluster: Callable[[], ClusterView] = lambda: NO_CLUSTER,
+    registry: CollectorRegistry,
+    clock: Callable[[], float],
+    wiring: AlertWiring,
+    evaluate: Evaluate | None = None,
+    timings: Timings | None = None,
+    events: EventSink | None = None,
+) -> AlertEngine:
+    """The engine with its persisted states loaded (firing alerts are not re-sent).
+
+    Without `evaluate`, every rule runs with the policies' thresholds and timings.
+    """
+    if evaluate is None:
+        rules = AllRules()
+        evaluate, timings = rules.evaluate, timings or rules.timings
+    kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
+    metrics = AlertMetrics.create(registry)
+    # Event ids start at the wall clock in ms so that they keep increasing across restarts
+    # (a resumed id from an earlier process is then older than the ring: full resync).
+    broker = Broker(first_id=int(clock() * 1000), on_drop=metrics.stream_dropped.inc)
+    engine: AlertEngine
+    sink = None
+    if wiring.alertmanager is not None:
+        sink = AlertmanagerSink(
+            wiring.alertmanager,
+            firing=lambda: engine.firing(),
+            metrics=metrics,
+            clock=clock,
+        )
+    engine = AlertEngine(
+        fleet=fleet,
+        changes=changes,
+        evaluate=evaluate,
+        policies=policies,
+        cluster=cluster,
+        settings=wiring.engine,
+        metrics=metrics,
+        broker=broker,
+        nc=nc,
+        store=AlertStore(kv),
+        alertmanager=sink,
+        events=events,
+        timings=timings,
+        clock=clock,
+    )
+    engine.load(await load_states(kv))
+    return engine

@@ -1,0 +1,105 @@
+"""Alert state persistence in the JetStream KV bucket `nicfleet-alerts`.
+
+Key = the alert fingerprint (hex), value = the msgpack `Tracked` state. Loading skips
+undecodable entries (logged); writes that fail are kept and retried by the caller, so a
+restart finds every firing alert and does not notify it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+
+from aggregator.alerts.lifecycle import Tracked
+from aggregator.errors import StoreError
+from proto.codec import CodecError, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+async def load_states(kv: KeyValue) -> dict[str, Tracked]:
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return {}
+    except (TimeoutError, JetStreamError) as exc:
+        raise StoreError(f"cannot list keys of the alerts bucket: {exc}") from exc
+    states: dict[str, Tracked] = {}
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        if entry.value is None:
+            continue
+        try:
+            state = decode(entry.value, Tracked)
+        except CodecError as exc:
+            log.warning("skipping undecodable alert state %s: %s", key, exc)
+            continue
+        if state.alert.fingerprint != key:
+            log.warning(
+                "skipping alert state %s: it holds fingerprint %s", key, state.alert.fingerprint
+            )
+            continue
+        states[key] = state
+    return states
+
+
+class AlertStore:
+    """Writes changed states and deletes forgotten ones; failed keys stay dirty."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self._dirty: set[str] = set()
+        self._gone: set[str] = set()
+        self.last_error: str | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._dirty) + len(self._gone)
+
+    async def save(
+        self,
+        states: Mapping[str, Tracked],
+        changed: Iterable[str],
+        removed: Iterable[str],
+    ) -> tuple[int, int]:
+        """Persist; return (writes, failures)."""
+        changed, removed = set(changed), set(removed)
+        self._gone = (self._gone - changed) | removed
+        self._dirty = (self._dirty | changed) - removed
+        writes = failures = 0
+        for key in sorted(self._dirty):
+            state = states.get(key)
+            if state is None:
+                self._dirty.discard(key)
+                continue
+            try:
+                await self._kv.put(key, encode(state))
+            except (TimeoutError, JetStreamError, OSError) as exc:
+                failures += 1
+                self.last_error = f"alert state write {key} failed: {exc}"
+                continue
+            self._dirty.discard(key)
+            writes += 1
+        for key in sorted(self._gone):
+            try:
+                await self._kv.delete(key)
+            except KeyNotFoundError:
+                pass
+            except (TimeoutError, JetStreamError, OSError) as exc:
+                failures += 1
+                self.last_error = f"alert state delete {key} failed: {exc}"
+                continue
+            self._gone.discard(key)
+            writes += 1
+        if failures:
+            log.warning("%s (%d failures, will retry)", self.last_error, failures)
+        else:
+            self.last_error = None
+        return writes, failures
