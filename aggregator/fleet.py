@@ -139,11 +139,13 @@ class Fleet:
         self._records[record.name] = record
 
     def apply_snapshot(self, snap: NodeSnapshot, received_at: float) -> NodeRecord:
-        """Store `snap` unless is_newer rejects it; `result.snapshot is snap` iff accepted.
+        """Store `snap` unless is_newer rejects it; accepted iff `result.snapshot` is not
+        the previously stored object.
 
-        Port states come from the snapshot as collected; a port-state event observed
-        after collection but received before the snapshot is not replayed (the agent
-        publishes a new snapshot on every inventory change, so that window closes).
+        A port-state event observed after `snap` was collected but received before it is
+        replayed onto it: the agent re-reads its inventory after every port event, so a
+        snapshot collected just before a repair can arrive after the repair's event — the
+        later event must win over the older snapshot.
         """
         old = self._records.get(snap.node)
         stored = old.snapshot if old is not None else None
@@ -151,10 +153,14 @@ class Fleet:
             self.ignored += 1
             return old
         record = old or _new_record(snap.node, received_at)
+        live = snap
+        for seen in record.events:
+            if _supersedes(seen.event, live, record.events):
+                live = _patch_port(live, seen.event)
         return self._store(
             replace(
                 record,
-                snapshot=snap,
+                snapshot=live,
                 snapshot_received_at=received_at,
                 last_seen=max(record.last_seen, received_at),
             )

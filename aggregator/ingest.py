@@ -52,8 +52,11 @@ class Ingest:
                 snap = decode(data, NodeSnapshot)
                 if snap.node != node:
                     return self._mismatch(kind, subject, snap.node)
-                if self._fleet.apply_snapshot(snap, now).snapshot is snap:
-                    self._on_snapshot(snap, now)  # persist only what the fleet accepted
+                before = self._fleet.get(node)
+                previous = before.snapshot if before is not None else None
+                stored = self._fleet.apply_snapshot(snap, now).snapshot
+                if stored is not None and stored is not previous:
+                    self._on_snapshot(stored, now)  # persist only what the fleet accepted
             elif kind == subjects.COUNTERS:
                 batch = decode(data, CounterBatch)
                 if batch.node != node:

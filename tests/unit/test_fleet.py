@@ -259,3 +259,23 @@ def test_device_plugin_status_is_kept_newest_first() -> None:
     assert fleet.apply_status(newer, T0 + 2).device_plugin is newer
     detail = describe(fleet.get("gpu-001") or record, T0 + 3, 30.0)
     assert detail.device_plugin is newer
+
+
+def test_a_later_event_wins_over_an_older_snapshot_that_arrives_after_it() -> None:
+    # The agent re-reads its inventory after every port event: a snapshot collected
+    # while the port was down can arrive after the event of its repair.
+    fleet = Fleet()
+    fleet.apply_snapshot(snapshot(seq=1, collected_at=T0), T0)
+    fleet.apply_event(port_event(new="DOWN", old="ACTIVE", observed_at=T0 + 1, seq=1), T0 + 1)
+    fleet.apply_event(
+        port_event(new="ACTIVE", old="DOWN", phys="LinkUp", observed_at=T0 + 3, seq=2), T0 + 3
+    )
+    stale = snapshot(seq=2, collected_at=T0 + 2, devices=(device(ports=(port(1, "DOWN"),)),))
+    record = fleet.apply_snapshot(stale, T0 + 4)
+    assert record.snapshot is not None and record.snapshot.seq == 2
+    assert port_of(record.snapshot, "mlx5_0", 1) == ("ACTIVE", "LinkUp")
+    # An event older than the snapshot is not replayed onto it.
+    fresh = snapshot(seq=3, collected_at=T0 + 5, devices=(device(ports=(port(1, "DOWN"),)),))
+    record = fleet.apply_snapshot(fresh, T0 + 6)
+    assert record.snapshot is not None
+    assert port_of(record.snapshot, "mlx5_0", 1)[0] == "DOWN"
