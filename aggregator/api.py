@@ -22,6 +22,7 @@ from aggregator.api_chain import add_chain_routes
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
 from aggregator.httperrors import BadParameter, error_response, json_response
+from aggregator.reconciler import ReconcileReport
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 
@@ -58,6 +59,8 @@ class _Api:
     ) -> None:
         self.fleet = fleet
         self.policies = policies
+        self.policy_source: Callable[[], tuple[Policy, ...]] | None = None
+        self.policy_report: Callable[[], ReconcileReport] | None = None
         self.settings = settings
         self.readiness = readiness
         self.clock = clock
@@ -132,7 +135,23 @@ class _Api:
         return json_response(describe(record, self.clock(), self.settings.stale_after))
 
     async def get_policy(self, request: web.Request) -> web.Response:
-        return json_response({"items": self.policies, "count": len(self.policies)})
+        """Effective policies; with a reconciler also its per-node plan, state and errors."""
+        if self.policy_report is not None:
+            report = self.policy_report()
+            return json_response(
+                {
+                    "items": report.policies,
+                    "count": len(report.policies),
+                    "leader": report.leader,
+                    "reconciled_at": report.at,
+                    "statuses": report.statuses,
+                    "nodes": report.nodes,
+                    "conflicts": report.conflicts,
+                    "errors": report.errors,
+                }
+            )
+        policies = self.policy_source() if self.policy_source is not None else self.policies
+        return json_response({"items": policies, "count": len(policies)})
 
 
 def build_app(
@@ -145,9 +164,12 @@ def build_app(
     policies: tuple[Policy, ...] = (),
     cluster_source: Callable[[], ClusterView] | None = None,  # default: no cluster
     policy_source: Callable[[], tuple[Policy, ...]] | None = None,  # default: `policies`
+    policy_report: Callable[[], ReconcileReport] | None = None,  # the reconciler's latest
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
+    api.policy_source = policy_source
+    api.policy_report = policy_report
     app = web.Application(middlewares=[api.middleware])
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from pathlib import Path
@@ -18,6 +19,7 @@ from aggregator import __version__
 from aggregator.alerts.alertmanager import AlertmanagerSettings
 from aggregator.alerts.setup import AlertWiring
 from aggregator.errors import AggregatorError
+from aggregator.kube import KubeSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto.policy import Policy, PolicyError, load_policies
 
@@ -98,6 +100,23 @@ def main() -> None:
     callback=_check_alertmanager_url,
     help="Post alerts to this Alertmanager (v2 API), e.g. http://alertmanager:9093.",
 )
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Use the Kubernetes cluster of this kubeconfig: NicFleetPolicy objects instead "
+    "of --policy, node allocatable, status/Events/labels written back.",
+)
+@click.option("--kube-context", help="Context of --kubeconfig (default: its current one).")
+@click.option("--in-cluster", is_flag=True, help="Use the pod's service account.")
+@click.option(
+    "--kube-api",
+    metavar="URL",
+    help="Talk to this API server URL without credentials (kubectl proxy, tests).",
+)
+@click.option(
+    "--identity",
+    help="This replica's name in leader election. Default: <hostname>-<pid>.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def run(
     nats_url: str | None,
@@ -107,6 +126,11 @@ def run(
     nats_store_dir: Path | None,
     ready_file: Path | None,
     alertmanager_url: str | None,
+    kubeconfig: Path | None,
+    kube_context: str | None,
+    in_cluster: bool,
+    kube_api: str | None,
+    identity: str | None,
     verbose: int,
 ) -> None:
     """Consume node messages from NATS, keep the fleet view and serve the API."""
@@ -120,7 +144,27 @@ def run(
         except (PolicyError, OSError, UnicodeDecodeError) as exc:
             click.echo(f"error: --policy: {exc}", err=True)
             raise SystemExit(2) from exc
+    ways = [w for w in (kubeconfig is not None, in_cluster, kube_api is not None) if w]
+    if len(ways) > 1:
+        click.echo("error: use only one of --kubeconfig, --in-cluster and --kube-api", err=True)
+        raise SystemExit(2)
+    if kube_context is not None and kubeconfig is None:
+        click.echo("error: --kube-context: needs --kubeconfig", err=True)
+        raise SystemExit(2)
+    if ways and policy_file is not None:
+        click.echo(
+            "error: --policy: with a cluster, policies come from NicFleetPolicy objects", err=True
+        )
+        raise SystemExit(2)
+    kube = (
+        KubeSettings(
+            host=kube_api, kubeconfig=kubeconfig, context=kube_context, in_cluster=in_cluster
+        )
+        if ways
+        else None
+    )
     settings = AggregatorSettings(
+        kube=kube,
         nats_url=nats_url,
         listen_host=listen[0],
         listen_port=listen[1],
@@ -133,6 +177,8 @@ def run(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
         ),
     )
+    if identity:
+        settings = dataclasses.replace(settings, identity=identity)
     try:
         asyncio.run(_serve(settings))
     except AggregatorError as exc:

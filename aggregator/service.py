@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,17 +25,21 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from aggregator.alerts.engine import AlertEngine, Evaluate
-from aggregator.alerts.setup import AlertWiring, open_alert_engine
+from aggregator.alerts.setup import AlertWiring, NodeEvents, open_alert_engine
 from aggregator.api import ApiSettings, build_app
 from aggregator.api_alerts import add_alert_routes
 from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
+from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
+from aggregator.kube import KubeClient, KubeSettings
+from aggregator.kube_watch import ClusterWatcher
+from aggregator.leader import KubeLease, LeaderElector, LeaderSettings, LeaseStore, NatsLease
 from aggregator.metrics import Metrics
 from aggregator.natsserver import NatsServer, NatsServerSettings
-from aggregator.policies import FilePolicies
+from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from proto import subjects
@@ -56,6 +61,13 @@ class AggregatorSettings:
     policy_watch_interval: float = 0.5
     reconcile_tick: float = 5.0
     alerts: AlertWiring = field(default_factory=AlertWiring)  # rules tick, Alertmanager
+    # A Kubernetes API server: policies from NicFleetPolicy objects, node allocatable,
+    # status/Events/labels written back. None: no cluster (policies from --policy).
+    kube: KubeSettings | None = None
+    # One replica leads (writes config, status, labels); all serve reads. The lease is a
+    # Kubernetes Lease with a cluster, a NATS KV entry without one.
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    leader_ttl: float = 10.0
 
 
 class AggregatorService:
@@ -82,6 +94,10 @@ class AggregatorService:
         self.reconciler: Reconciler | None = None  # set once NATS is up (run)
         self._rules = rules
         self.alerts: AlertEngine | None = None  # set once NATS is up (run)
+        self.leader: LeaderElector | None = None  # set once NATS is up (run)
+        self.watcher: ClusterWatcher | None = None  # set when a cluster is configured
+        self._policy_source: PolicySource | None = None
+        self._kube: KubeClient | None = None
 
     def readiness(self) -> tuple[bool, str]:
         if self._nc is None or not self._nc.is_connected:
@@ -125,10 +141,27 @@ class AggregatorService:
 
             await nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
-            policy_source = FilePolicies(
-                self.settings.policy_file,
-                self.settings.policies,
-                interval=self.settings.policy_watch_interval,
+            policy_source: PolicySource
+            lease: LeaseStore
+            cluster: Callable[[], ClusterView] = _no_cluster
+            if self.settings.kube is not None:
+                kube = self._kube = await KubeClient.connect(self.settings.kube)
+                watcher = self.watcher = ClusterWatcher(kube)
+                policy_source = ClusterPolicies(watcher)
+                cluster = watcher.cluster_view
+                lease = KubeLease(kube, self.settings.leader_ttl)
+            else:
+                kube = None
+                policy_source = FilePolicies(
+                    self.settings.policy_file,
+                    self.settings.policies,
+                    interval=self.settings.policy_watch_interval,
+                )
+                lease = await NatsLease.open(nc.jetstream(), self.settings.leader_ttl)
+            self._policy_source = policy_source
+            leader = self.leader = LeaderElector(
+                lease,
+                LeaderSettings(identity=self.settings.identity, ttl_s=self.settings.leader_ttl),
             )
             self.reconciler = Reconciler(
                 ReconcileSettings(
@@ -138,6 +171,10 @@ class AggregatorService:
                 changes=self.changes.subscribe(),
                 policies=policy_source,
                 store=config_store,
+                kube=kube,
+                cluster=cluster,
+                is_leader=lambda: leader.is_leader,
+                observed_generation=self._observed_generation,
                 clock=self.clock,
             )
             self.alerts = await open_alert_engine(
@@ -145,18 +182,23 @@ class AggregatorService:
                 fleet=self.fleet,
                 changes=self.changes.subscribe(),
                 policies=lambda: policy_source.current().policies,
+                cluster=cluster,
                 registry=self.metrics.registry,
                 clock=self.clock,
                 wiring=self.settings.alerts,
                 evaluate=self._rules,
+                events=NodeEvents(kube) if kube is not None else None,
             )
-            runner = await self._start_api()
+            runner = await self._start_api(cluster)
             self._write_ready_file()
             self.ready.set()
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._writer.run(stop))
                 tasks.create_task(self._track_nodes(stop))
                 tasks.create_task(policy_source.run(stop))
+                tasks.create_task(leader.run(stop))
+                if self.watcher is not None:
+                    tasks.create_task(self.watcher.run(stop))
                 tasks.create_task(self.reconciler.run(stop))
                 tasks.create_task(self.alerts.run(stop))
         finally:
@@ -168,6 +210,8 @@ class AggregatorService:
                     await self._nc.drain()
                 except (TimeoutError, NatsError, OSError):
                     await self._nc.close()
+            if self._kube is not None:
+                await self._kube.close()
             if embedded is not None:
                 await asyncio.to_thread(embedded.close)
             if self.settings.ready_file is not None:
@@ -207,7 +251,19 @@ class AggregatorService:
                     await asyncio.wait_for(stop.wait(), timeout=0.5)
         return None
 
-    async def _start_api(self) -> web.AppRunner:
+    def _observed_generation(self, policy: str) -> int | None:
+        if self.watcher is None:
+            return None
+        found = self.watcher.policy_objects().get(policy)
+        return found.generation if found is not None else None
+
+    def _current_policies(self) -> tuple[Policy, ...]:
+        if self._policy_source is None:
+            return self.settings.policies
+        return self._policy_source.current().policies
+
+    async def _start_api(self, cluster: Callable[[], ClusterView]) -> web.AppRunner:
+        reconciler = self.reconciler
         app = build_app(
             fleet=self.fleet,
             settings=ApiSettings(stale_after=self.settings.stale_after),
@@ -215,6 +271,9 @@ class AggregatorService:
             clock=self.clock,
             metrics=self.metrics.registry,
             policies=self.settings.policies,
+            cluster_source=cluster,
+            policy_source=self._current_policies,
+            policy_report=reconciler.latest if reconciler is not None else None,
         )
         if self.alerts is not None:
             add_alert_routes(app, engine=self.alerts)
@@ -241,6 +300,10 @@ class AggregatorService:
         doc = {"api_url": self.api_url, "nats_url": self.nats_url, "pid": os.getpid()}
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
+
+
+def _no_cluster() -> ClusterView:
+    return NO_CLUSTER
 
 
 def _bound_address(site: web.TCPSite) -> tuple[str, int]:
