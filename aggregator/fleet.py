@@ -156,7 +156,7 @@ class Fleet:
         live = snap
         for seen in record.events:
             if _supersedes(seen.event, live, record.events):
-                live = _patch_port(live, seen.event)
+                live = _patch(live, seen.event)
         return self._store(
             replace(
                 record,
@@ -213,7 +213,7 @@ class Fleet:
             return record
         snapshot = record.snapshot
         if snapshot is not None and _supersedes(event, snapshot, record.events):
-            snapshot = _patch_port(snapshot, event)
+            snapshot = _patch(snapshot, event)
         events = (
             *record.events[-(MAX_EVENTS - 1) :],
             ReceivedEvent(event=event, received_at=received_at),
@@ -243,18 +243,47 @@ def _new_record(name: str, received_at: float) -> NodeRecord:
 def _supersedes(
     event: LinkEvent, snapshot: NodeSnapshot, history: tuple[ReceivedEvent, ...]
 ) -> bool:
-    """A port-state event changes the live port unless something newer already did."""
-    if event.kind != "port-state" or event.port is None or event.new_state is None:
+    """A port-state (or netdev-state) event changes the live port (or netdev) unless it
+    predates the snapshot or something newer about the same target already arrived."""
+    if event.kind == "port-state":
+        if event.port is None or event.new_state is None:
+            return False
+    elif event.kind != "netdev-state" or event.netdev is None:
         return False
     if event.observed_at < snapshot.collected_at:
         return False
     return not any(
-        seen.event.kind == "port-state"
-        and seen.event.device == event.device
-        and seen.event.port == event.port
+        seen.event.kind == event.kind
+        and _target(seen.event) == _target(event)
         and seen.event.observed_at > event.observed_at
         for seen in history
     )
+
+
+def _target(event: LinkEvent) -> tuple[str | None, int | None, str | None]:
+    if event.kind == "netdev-state":
+        return (None, None, event.netdev)
+    return (event.device, event.port, None)
+
+
+def _patch(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
+    return _patch_netdev(snap, event) if event.kind == "netdev-state" else _patch_port(snap, event)
+
+
+def _patch_netdev(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
+    """The netdev's operstate as netlink reported it (None: the netdev vanished)."""
+    devices = []
+    changed = False
+    for device in snap.devices:
+        interfaces = tuple(
+            replace(i, operstate=event.new_state) if i.name == event.netdev else i
+            for i in device.interfaces
+        )
+        if interfaces != device.interfaces:
+            device = replace(device, interfaces=interfaces)
+            changed = True
+        devices.append(device)
+    return replace(snap, devices=tuple(devices)) if changed else snap
 
 
 def _patch_port(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:

@@ -27,6 +27,7 @@ from aggregator.rules.fleetfacts import (
     subject,
 )
 from aggregator.rules.thresholds import Thresholds
+from proto.inventory import Device, Port
 from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]
@@ -39,6 +40,27 @@ def check_port_down(
     found: list[Finding] = []
     for node, snap in snapshots(fleet):
         for device, port in ports(snap):
+            netdev_down = _netdev_down(device, port) if is_active(port) else None
+            if netdev_down is not None:
+                found.append(
+                    Finding(
+                        rule="port-down",
+                        severity="critical",
+                        node=node,
+                        subject=subject(device, port),
+                        message=f"{subject(device, port)} has its netdev {netdev_down} down: "
+                        "RoCE traffic cannot flow — check the cable, the switch port and "
+                        "`ip link` on the node.",
+                        evidence={
+                            "state": port.state,
+                            "phys_state": port.phys_state,
+                            "link_layer": port.link_layer,
+                            "netdev": netdev_down,
+                            "netdev_operstate": "down",
+                        },
+                    )
+                )
+                continue
             if port.state == "UNKNOWN" or is_active(port):
                 continue
             found.append(
@@ -59,6 +81,17 @@ def check_port_down(
                 )
             )
     return found
+
+
+def _netdev_down(device: Device, port: Port) -> str | None:
+    """The RoCE netdev of `port` when it is down: the RDMA port state in sysfs may lag
+    the netdev (netlink tells first), and without it RoCE carries nothing."""
+    if port.link_layer != "Ethernet":
+        return None
+    for interface in device.interfaces:
+        if interface.port in (port.port, None) and interface.operstate == "down":
+            return interface.name
+    return None
 
 
 def check_rate_mismatch(

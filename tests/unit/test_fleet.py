@@ -15,7 +15,7 @@ from aggregator.fleet import (
     summarize,
 )
 from proto.inventory import NodeSnapshot
-from proto.messages import DevicePluginStatus, ResourceStatus
+from proto.messages import DevicePluginStatus, LinkEvent, ResourceStatus
 from tests.builders import T0, counters, device, port, port_event, snapshot
 
 
@@ -279,3 +279,27 @@ def test_a_later_event_wins_over_an_older_snapshot_that_arrives_after_it() -> No
     record = fleet.apply_snapshot(fresh, T0 + 6)
     assert record.snapshot is not None
     assert port_of(record.snapshot, "mlx5_0", 1)[0] == "DOWN"
+
+
+def test_netdev_state_events_update_the_live_interface() -> None:
+    fleet = Fleet()
+    roce = device(ports=(port(1, link_layer="Ethernet"),), netdev="enp26s0f0np0")
+    fleet.apply_snapshot(snapshot(devices=(roce,)), T0)
+    down = LinkEvent(
+        node="gpu-001",
+        seq=1,
+        kind="netdev-state",
+        device="mlx5_0",
+        port=1,
+        netdev="enp26s0f0np0",
+        old_state="up",
+        new_state="down",
+        observed_at=T0 + 1,
+    )
+    record = fleet.apply_event(down, T0 + 1)
+    assert record.snapshot is not None
+    assert record.snapshot.devices[0].interfaces[0].operstate == "down"
+    # A snapshot collected before the event does not bring the old state back.
+    record = fleet.apply_snapshot(snapshot(seq=2, collected_at=T0 + 0.5, devices=(roce,)), T0 + 2)
+    assert record.snapshot is not None
+    assert record.snapshot.devices[0].interfaces[0].operstate == "down"

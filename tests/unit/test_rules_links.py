@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from tests.unit.rules_cases import (
@@ -129,3 +130,14 @@ def test_port_down_evidence_and_severity() -> None:
     assert finding.severity == "critical"
     assert finding.evidence["state"] == "DOWN"
     assert finding.evidence["phys_state"] == "Disabled"
+
+
+def test_port_down_when_a_roce_netdev_is_down_before_sysfs_follows() -> None:
+    up = roce("mlx5_0", "0000:1a:00.0", "10.0.0.1")
+    iface = msgspec.structs.replace(up.interfaces[0], operstate="down")
+    down = msgspec.structs.replace(up, interfaces=(iface,))
+    (finding,) = [f for f in fleet_of(node("n1", down)).findings() if f.rule == "port-down"]
+    assert finding.severity == "critical"
+    assert finding.evidence["netdev_operstate"] == "down"
+    assert finding.evidence["state"] == "ACTIVE"
+    assert not [f for f in fleet_of(node("n1", up)).findings() if f.rule == "port-down"]
