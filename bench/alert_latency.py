@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -147,6 +148,99 @@ async def nicfleet_latency(workdir: Path, faults_n: int, poll: float) -> dict[st
         "repair_to_resolved_ms": percentiles(up),
         "target_p99_ms": poll * 1000 + 50,
         "evaluation_mean_ms": round(total / count * 1000, 2),  # all rules + lifecycle + publish
+    }
+
+
+NETNS_SPEC: Final = "roce-cx6dx"
+NETNS_NETDEV: Final = "enp26s0f0np0"  # mlx5_0 port 1 of the roce-cx6dx lab node
+NETNS_PEER: Final = "nfbenchpeer0"
+
+
+def ip(netns: str, *args: str) -> None:
+    subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True, timeout=10)
+
+
+@contextlib.contextmanager
+def veth_namespace() -> Iterator[str]:
+    """A fresh netns with an up veth pair whose one end is named like a lab RoCE netdev."""
+    name = f"nfbench-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
+    try:
+        ip(name, "link", "add", NETNS_NETDEV, "type", "veth", "peer", "name", NETNS_PEER)
+        ip(name, "link", "set", NETNS_PEER, "up")
+        ip(name, "link", "set", NETNS_NETDEV, "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=10)
+
+
+async def netns_latency(workdir: Path, faults_n: int) -> dict[str, Any]:
+    """(b): a veth set down in a netns watched by a real agent (netlink) -> alert."""
+    node = NODE
+    root = workdir / node
+    render(with_node_name(load_builtin(NETNS_SPEC), node), root)
+    wiring = AlertWiring(engine=EngineSettings(lifecycle=LifecycleSettings(flap_count=1_000_000)))
+    down: list[float] = []
+    up: list[float] = []
+    with (
+        NatsServer(NatsServerSettings(store_dir=workdir / "nats")) as server,
+        veth_namespace() as ns,
+    ):
+        service = AggregatorService(
+            AggregatorSettings(nats_url=server.url, listen_port=0, alerts=wiring)
+        )
+        stop = asyncio.Event()
+        nc = await nats.connect(server.url)
+        inbox: asyncio.Queue[tuple[float, Alert]] = asyncio.Queue()
+
+        async def receive(msg: Any) -> None:
+            inbox.put_nowait((time.perf_counter(), decode(msg.data, Alert)))
+
+        await nc.subscribe(f"nicfleet.v1.alert.critical.port-down.{node}", cb=receive)
+        await nc.flush()
+
+        async def until(state: str) -> float:
+            while True:
+                at, alert = await asyncio.wait_for(inbox.get(), 10)
+                if alert.subject == "mlx5_0/1" and alert.state == state:
+                    return at
+
+        proc = await asyncio.create_subprocess_exec(
+            str(BIN / "nicfleet-agent"), "run", "--nats-url", server.url, "--sysfs-root",
+            str(root), "--node-name", node, "--netns", ns, "--verbs", "off",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(service.run(stop))
+            try:
+                await asyncio.wait_for(service.ready.wait(), 15)
+                # Ready once a snapshot (the netdev -> port map) arrived and one round trip
+                # of down/up was seen end to end (the watcher is up).
+                deadline = time.monotonic() + 30
+                while (rec := service.fleet.get(node)) is None or rec.snapshot is None:
+                    assert time.monotonic() < deadline, "agent never reported"
+                    await asyncio.sleep(0.05)
+                for attempt in range(faults_n + 1):
+                    t0 = time.perf_counter()
+                    await asyncio.to_thread(ip, ns, "link", "set", NETNS_NETDEV, "down")
+                    fired = await until("firing") - t0
+                    t0 = time.perf_counter()
+                    await asyncio.to_thread(ip, ns, "link", "set", NETNS_NETDEV, "up")
+                    resolved = await until("resolved") - t0
+                    if attempt:  # the first round only proves the watch is live
+                        down.append(fired)
+                        up.append(resolved)
+            finally:
+                proc.terminate()
+                await proc.wait()
+                stop.set()
+        await nc.close()
+    return {
+        "path": "veth down in a netns -> agent netlink -> NATS -> aggregator rules -> subscriber",
+        "note": "t0 is taken before spawning `ip link set` (~2-4 ms of process start included)",
+        "fault_to_firing_ms": percentiles(down),
+        "repair_to_resolved_ms": percentiles(up),
+        "target_p99_ms": 50.0,
     }
 
 
@@ -291,6 +385,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "median_ms": statistics.median(medians),
         "p99_ms": statistics.median(p99s),
     }
+    if args.netns:
+        with tempfile.TemporaryDirectory(prefix="nicfleet-alert-netns-") as tmp:
+            results["netns"] = await netns_latency(Path(tmp), args.faults)
     if args.baseline:
         with tempfile.TemporaryDirectory(prefix="nicfleet-alert-baseline-") as tmp:
             base = await baseline_latency(Path(tmp), args.baseline)
@@ -309,6 +406,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=int, default=0, help="also N faults through the Prometheus stack"
     )
+    parser.add_argument(
+        "--netns", action="store_true", help="also (b): a veth in a netns watched via netlink"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
@@ -321,6 +421,8 @@ def main() -> None:
         print(f"nicfleet repair->resolved {run['repair_to_resolved_ms']}")
         print(f"rule evaluation mean {run['evaluation_mean_ms']} ms")
     print(f"nicfleet median of runs: {results['nicfleet']}")
+    if "netns" in results:
+        print(f"netns veth down->firing {results['netns']['fault_to_firing_ms']}")
     if "baseline" in results:
         print(f"baseline: {results['baseline']}")
         if "ratio_median" in results:
