@@ -31,7 +31,7 @@ from aggregator.api_alerts import add_alert_routes
 from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.errors import StoreError
+from aggregator.errors import KubeError, StoreError
 from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
 from aggregator.kube import KubeClient, KubeSettings
@@ -39,8 +39,10 @@ from aggregator.kube_watch import ClusterWatcher
 from aggregator.leader import KubeLease, LeaderElector, LeaderSettings, LeaseStore, NatsLease
 from aggregator.metrics import Metrics
 from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.nvidia_import import audit_nic_cluster_policy
 from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
+from aggregator.rules.finding import Finding
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from proto import subjects
 from proto.policy import Policy
@@ -68,6 +70,7 @@ class AggregatorSettings:
     # Kubernetes Lease with a cluster, a NATS KV entry without one.
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     leader_ttl: float = 10.0
+    nvidia_audit_interval: float = 30.0
 
 
 class AggregatorService:
@@ -98,6 +101,8 @@ class AggregatorService:
         self.watcher: ClusterWatcher | None = None  # set when a cluster is configured
         self._policy_source: PolicySource | None = None
         self._kube: KubeClient | None = None
+        # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
+        self.nvidia_findings: tuple[Finding, ...] = ()
 
     def readiness(self) -> tuple[bool, str]:
         if self._nc is None or not self._nc.is_connected:
@@ -188,6 +193,7 @@ class AggregatorService:
                 wiring=self.settings.alerts,
                 evaluate=self._rules,
                 events=NodeEvents(kube) if kube is not None else None,
+                extra_findings=lambda: self.nvidia_findings,
             )
             runner = await self._start_api(cluster)
             self._write_ready_file()
@@ -199,6 +205,8 @@ class AggregatorService:
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
                     tasks.create_task(self.watcher.run(stop))
+                if kube is not None:
+                    tasks.create_task(self._audit_nvidia_policy(kube, stop))
                 tasks.create_task(self.reconciler.run(stop))
                 tasks.create_task(self.alerts.run(stop))
         finally:
@@ -250,6 +258,21 @@ class AggregatorService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.5)
         return None
+
+    async def _audit_nvidia_policy(self, kube: KubeClient, stop: asyncio.Event) -> None:
+        """Re-read `nic-cluster-policy` (never written) and audit it against the fleet."""
+        while not stop.is_set():
+            try:
+                obj = await kube.read_nic_cluster_policy()
+            except KubeError as exc:
+                log.debug("NicClusterPolicy not readable: %s", exc)
+            else:
+                found = audit_nic_cluster_policy(obj, self.fleet.view()) if obj else ()
+                if found != self.nvidia_findings:
+                    self.nvidia_findings = found
+                    self.changes.publish("_fleet", "nvidia-policy")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.nvidia_audit_interval)
 
     def _observed_generation(self, policy: str) -> int | None:
         if self.watcher is None:

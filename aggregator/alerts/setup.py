@@ -55,7 +55,8 @@ class NodeEvents:
 class AllRules:
     """The real rule set; thresholds and timings parsed once per policy tuple."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: Callable[[], Sequence[Finding]] | None = None) -> None:
+        self._extra = extra  # findings computed elsewhere (e.g. the NicClusterPolicy audit)
         self._policies: tuple[Policy, ...] | None = None
         self._thresholds: tuple[Thresholds, tuple[Finding, ...]] = (DEFAULT_THRESHOLDS, ())
 
@@ -70,7 +71,8 @@ class AllRules:
     ) -> Sequence[Finding]:
         thresholds, problems = self._parsed(policies)
         found = registry.evaluate(fleet.view(), policies, cluster, now, thresholds=thresholds)
-        return [*problems, *found]
+        extra = self._extra() if self._extra is not None else ()
+        return [*problems, *found, *extra]
 
     def timings(self, policies: tuple[Policy, ...]) -> Mapping[str, RuleTiming]:
         thresholds, _ = self._parsed(policies)
@@ -99,13 +101,14 @@ async def open_alert_engine(
     evaluate: Evaluate | None = None,
     timings: Timings | None = None,
     events: EventSink | None = None,
+    extra_findings: Callable[[], Sequence[Finding]] | None = None,
 ) -> AlertEngine:
     """The engine with its persisted states loaded (firing alerts are not re-sent).
 
     Without `evaluate`, every rule runs with the policies' thresholds and timings.
     """
     if evaluate is None:
-        rules = AllRules()
+        rules = AllRules(extra_findings)
         evaluate, timings = rules.evaluate, timings or rules.timings
     kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
     metrics = AlertMetrics.create(registry)

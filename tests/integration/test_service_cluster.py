@@ -23,6 +23,7 @@ pytestmark = pytest.mark.integration
 POLICIES = "nicfleet.io/v1alpha1/nicfleetpolicies"
 NODES = "v1/nodes"
 LEASES = "coordination.k8s.io/v1/leases"
+NCP = "mellanox.com/v1alpha1/nicclusterpolicies"
 NODE = "kube-roce-01"
 
 
@@ -36,6 +37,7 @@ async def emulator() -> AsyncIterator[kmock.KubernetesEmulator]:
     emu.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True)
     emu.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
     emu.resources[LEASES] = kmock.ResourceInfo(kind="Lease", namespaced=True)
+    emu.resources[NCP] = kmock.ResourceInfo(kind="NicClusterPolicy", namespaced=False)
     async with emu:
         yield emu
 
@@ -66,6 +68,13 @@ async def test_aggregator_with_a_cluster_leads_plans_and_reports(
         "kind": "Node",
         "metadata": {"name": NODE, "labels": {"pool": "gpu"}},
         "status": {"allocatable": {"rdma/roce": "4"}, "capacity": {"rdma/roce": "4"}},
+    }
+    # An NVIDIA NicClusterPolicy whose embedded config is not JSON: audited, never written.
+    emulator.objects[NCP, None, "nic-cluster-policy"] = {
+        "apiVersion": "mellanox.com/v1alpha1",
+        "kind": "NicClusterPolicy",
+        "metadata": {"name": "nic-cluster-policy"},
+        "spec": {"rdmaSharedDevicePlugin": {"config": "{not json"}},
     }
     root = lab_node(tmp_path, "roce-cx6dx", NODE)
     async with kmock.Server(emulator) as server:
@@ -115,6 +124,14 @@ async def test_aggregator_with_a_cluster_leads_plans_and_reports(
                     )
                     labels = emulator.objects[NODES, None, NODE]["metadata"]["labels"]
                     assert labels["pool"] == "gpu"
+                    await wait_until(
+                        lambda: any(
+                            f.rule == "nvidia-policy-invalid" for f in service.nvidia_findings
+                        ),
+                        timeout=20,
+                        what="the NicClusterPolicy audited",
+                    )
+                    assert "status" not in emulator.objects[NCP, None, "nic-cluster-policy"]
                     assert labels["nicfleet.io/link-layer"] == "Ethernet"
             finally:
                 stop.set()
