@@ -194,6 +194,7 @@ class AggregatorService:
                 evaluate=self._rules,
                 events=NodeEvents(kube) if kube is not None else None,
                 extra_findings=lambda: self.nvidia_findings,
+                is_leader=lambda: leader.is_leader,
             )
             runner = await self._start_api(cluster)
             self._write_ready_file()

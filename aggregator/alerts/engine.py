@@ -100,7 +100,11 @@ class AlertEngine:
         events: EventSink | None = None,
         timings: Timings | None = None,
         clock: Callable[[], float] = time.time,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
+        # Every replica evaluates and serves findings; only the leader runs the alert
+        # lifecycle: notifies (NATS, SSE, Alertmanager, Events) and persists.
+        self._is_leader = is_leader
         self.fleet = fleet
         self._changes = changes
         self._evaluate = evaluate
@@ -120,6 +124,7 @@ class AlertEngine:
         self.findings: tuple[Finding, ...] = ()
         self.evaluated_at: float | None = None
         self._started_at: float | None = None
+        self._leading = False
 
     def load(self, states: dict[str, Tracked]) -> None:
         """Start from persisted states: firing alerts stay firing and are not re-sent."""
@@ -165,6 +170,18 @@ class AlertEngine:
             log.exception("rule evaluation failed; keeping the previous findings")
             self.metrics.evaluate_errors.inc()
             return None
+        self.findings = findings
+        self.evaluated_at = now
+        leading = self._is_leader()
+        if not leading:
+            # A follower serves findings but leaves the alert lifecycle to the leader.
+            self._leading = False
+            return None
+        if not self._leading and self._store is not None and self._started_at is not None:
+            # Just took over: continue from what the previous leader persisted, so its
+            # firing alerts are neither forgotten nor sent again.
+            self.load(await self._store.load())
+        self._leading = True
         lifecycle = self.settings.lifecycle
         if self._timings is not None:
             lifecycle = replace(lifecycle, timings=self._timings(policies))

@@ -102,6 +102,7 @@ async def open_alert_engine(
     timings: Timings | None = None,
     events: EventSink | None = None,
     extra_findings: Callable[[], Sequence[Finding]] | None = None,
+    is_leader: Callable[[], bool] = lambda: True,
 ) -> AlertEngine:
     """The engine with its persisted states loaded (firing alerts are not re-sent).
 
@@ -120,7 +121,7 @@ async def open_alert_engine(
     if wiring.alertmanager is not None:
         sink = AlertmanagerSink(
             wiring.alertmanager,
-            firing=lambda: engine.firing(),
+            firing=lambda: engine.firing() if is_leader() else [],
             metrics=metrics,
             clock=clock,
         )
@@ -130,6 +131,7 @@ async def open_alert_engine(
         evaluate=evaluate,
         policies=policies,
         cluster=cluster,
+        is_leader=is_leader,
         settings=wiring.engine,
         metrics=metrics,
         broker=broker,

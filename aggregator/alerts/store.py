@@ -63,6 +63,10 @@ class AlertStore:
     def pending(self) -> int:
         return len(self._dirty) + len(self._gone)
 
+    async def load(self) -> dict[str, Tracked]:
+        """What the (previous) leader persisted."""
+        return await load_states(self._kv)
+
     async def save(
         self,
         states: Mapping[str, Tracked],

@@ -258,3 +258,51 @@ async def test_engine_keeps_alerts_when_evaluation_raises() -> None:
     assert registry.get_sample_value("nicfleet_rule_evaluation_errors_total") == 1
     await engine.cycle("test")
     assert engine.firing() == [] and engine.broker.last_id == 2
+
+
+class _MemoryStore:
+    """The persisted alert states a previous leader left behind (AlertStore's contract)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, object] = {}
+
+    async def load(self) -> dict[str, object]:
+        return dict(self.saved)
+
+    async def save(self, states: dict[str, object], durable: set[str], removed: set[str]):  # type: ignore[no-untyped-def]
+        self.saved = dict(states)
+        return len(durable), 0
+
+
+async def test_followers_serve_findings_but_only_the_leader_notifies() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aggregator.alerts.engine import AlertEngine, EngineSettings
+    from aggregator.alerts.metrics import AlertMetrics
+    from aggregator.changes import ChangeFeed
+    from aggregator.cluster import NO_CLUSTER
+    from aggregator.fleet import Fleet
+
+    store = _MemoryStore()
+
+    def engine(leading: list[bool]) -> AlertEngine:
+        return AlertEngine(
+            fleet=Fleet(), changes=ChangeFeed().subscribe(), evaluate=lambda *_: P,
+            policies=lambda: (), cluster=lambda: NO_CLUSTER, settings=EngineSettings(),
+            metrics=AlertMetrics.create(CollectorRegistry()), broker=Broker(first_id=1),
+            store=store, clock=lambda: 5.0, is_leader=lambda: leading[0],  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    leader, follower = engine([True]), engine(follower_leads := [False])
+    leader._started_at = follower._started_at = 1.0
+    await leader.cycle("test")
+    assert leader.broker.last_id == 1  # notified once
+    await follower.cycle("test")
+    assert follower.findings == tuple(P)  # serves findings
+    assert follower.firing() == [] and follower.broker.last_id == 0  # but never notifies
+    # The leader dies; the follower takes over from what it persisted: still firing,
+    # not sent again.
+    follower_leads[0] = True
+    await follower.cycle("test")
+    assert [a.subject for a in follower.firing()] == ["mlx5_0/1"]
+    assert follower.broker.last_id == 0
