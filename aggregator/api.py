@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from aggregator.api_chain import add_chain_routes
+from aggregator.apiauth import ApiAuth, auth_middleware
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
 from aggregator.httperrors import BadParameter, error_response, json_response
@@ -165,12 +166,15 @@ def build_app(
     cluster_source: Callable[[], ClusterView] | None = None,  # default: no cluster
     policy_source: Callable[[], tuple[Policy, ...]] | None = None,  # default: `policies`
     policy_report: Callable[[], ReconcileReport] | None = None,  # the reconciler's latest
+    auth: ApiAuth | None = None,  # bearer tokens (aggregator.apiauth); None: API open
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
     api.policy_source = policy_source
     api.policy_report = policy_report
-    app = web.Application(middlewares=[api.middleware])
+    # The auth middleware runs inside the error middleware, so 401/403 are counted too.
+    middlewares = [api.middleware] + ([auth_middleware(auth)] if auth is not None else [])
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
     app.router.add_get("/metrics", api.metrics)

@@ -18,6 +18,7 @@ import click
 from aggregator import __version__
 from aggregator.alerts.alertmanager import AlertmanagerSettings
 from aggregator.alerts.setup import AlertWiring
+from aggregator.apiauth import ApiAuth, TokenFileError, load_token_file
 from aggregator.errors import AggregatorError
 from aggregator.kube import KubeSettings
 from aggregator.service import AggregatorService, AggregatorSettings
@@ -117,6 +118,18 @@ def main() -> None:
     "--identity",
     help="This replica's name in leader election. Default: <hostname>-<pid>.",
 )
+@click.option(
+    "--api-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Require 'Authorization: Bearer <token>' on the API (all but /healthz, /readyz). "
+    "One '<scope> <token>' per line, scope read (GET) or admin (any method); # comments. "
+    "Default: no authentication (local/demo use only).",
+)
+@click.option(
+    "--metrics-public",
+    is_flag=True,
+    help="With --api-token-file: leave /metrics open to scrapers without a token.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def run(
     nats_url: str | None,
@@ -131,6 +144,8 @@ def run(
     in_cluster: bool,
     kube_api: str | None,
     identity: str | None,
+    api_token_file: Path | None,
+    metrics_public: bool,
     verbose: int,
 ) -> None:
     """Consume node messages from NATS, keep the fleet view and serve the API."""
@@ -151,6 +166,21 @@ def run(
     if kube_context is not None and kubeconfig is None:
         click.echo("error: --kube-context: needs --kubeconfig", err=True)
         raise SystemExit(2)
+    api_auth: ApiAuth | None = None
+    if api_token_file is not None:
+        try:
+            api_auth = load_token_file(api_token_file, metrics_public=metrics_public)
+        except TokenFileError as exc:
+            click.echo(f"error: --api-token-file: {exc}", err=True)
+            raise SystemExit(2) from exc
+        counts = api_auth.counts()
+        logging.getLogger(__name__).info(
+            "API authentication on: %d read and %d admin tokens from %s; /metrics %s",
+            counts["read"], counts["admin"], api_token_file,
+            "public" if metrics_public else "needs a token",
+        )  # fmt: skip
+    else:
+        logging.getLogger(__name__).warning("API authentication off: the HTTP API is open")
     if ways and policy_file is not None:
         click.echo(
             "error: --policy: with a cluster, policies come from NicFleetPolicy objects", err=True
@@ -173,6 +203,7 @@ def run(
         ready_file=ready_file,
         policies=policies,
         policy_file=policy_file,
+        api_auth=api_auth,
         alerts=AlertWiring(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
         ),

@@ -14,7 +14,14 @@ from aiohttp import web
 from proto.codec import to_json
 
 ErrorCode = Literal[
-    "bad_request", "not_found", "method_not_allowed", "not_ready", "internal", "http_error"
+    "bad_request",
+    "not_found",
+    "method_not_allowed",
+    "not_ready",
+    "internal",
+    "http_error",
+    "unauthorized",  # aggregator.apiauth: no or unknown bearer token
+    "forbidden",  # aggregator.apiauth: read token on an admin method
 ]
 JSON_TYPE: Final = "application/json"
 

@@ -28,6 +28,7 @@ from aggregator.alerts.engine import AlertEngine, Evaluate
 from aggregator.alerts.setup import AlertWiring, NodeEvents, open_alert_engine
 from aggregator.api import ApiSettings, build_app
 from aggregator.api_alerts import add_alert_routes
+from aggregator.apiauth import ApiAuth
 from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
@@ -71,6 +72,7 @@ class AggregatorSettings:
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     leader_ttl: float = 10.0
     nvidia_audit_interval: float = 30.0
+    api_auth: ApiAuth | None = None  # --api-token-file: bearer tokens; None: the API is open
 
 
 class AggregatorService:
@@ -298,6 +300,7 @@ class AggregatorService:
             cluster_source=cluster,
             policy_source=self._current_policies,
             policy_report=reconciler.latest if reconciler is not None else None,
+            auth=self.settings.api_auth,
         )
         if self.alerts is not None:
             add_alert_routes(app, engine=self.alerts)

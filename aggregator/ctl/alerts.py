@@ -22,7 +22,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aggregator.ctl.client import AggregatorClient, ApiError, BadInput, Unreachable
+from aggregator.ctl.client import (
+    AggregatorClient,
+    ApiError,
+    AuthRefused,
+    BadInput,
+    Unreachable,
+    auth_headers,
+)
 from aggregator.ctl.render import console_for
 
 EPILOG: Final = """\b
@@ -155,7 +162,7 @@ def _follow(server: str, params: dict[str, str], output: str) -> None:
     connected_once = False
     with httpx.Client(base_url=server.rstrip("/"), timeout=httpx.Timeout(10, read=None)) as http:
         while True:
-            headers = {"Accept": "text/event-stream"}
+            headers = {"Accept": "text/event-stream", **auth_headers()}
             if last_id is not None:
                 headers["Last-Event-ID"] = last_id
             try:
@@ -188,6 +195,11 @@ def _raise_for(response: httpx.Response) -> None:
         message = f"HTTP {response.status_code}"
     if response.status_code == 400:
         raise BadInput(message)
+    if response.status_code in (401, 403):
+        raise AuthRefused(
+            f"authentication refused by {response.url}: {message}; "
+            "check --token-file (or NICFLEET_TOKEN_FILE)"
+        )
     raise ApiError(f"aggregator answered HTTP {response.status_code}: {message}")
 
 

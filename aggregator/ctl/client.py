@@ -6,7 +6,8 @@ each carrying the process exit code:
 CtlError (click.ClickException)
 ├── ApiError       the server answered with an error or an unreadable body  (exit 1)
 ├── BadInput       the request was rejected as invalid (HTTP 400)            (exit 2)
-└── Unreachable    no answer: refused, DNS, timeout                          (exit 3)
+├── Unreachable    no answer: refused, DNS, timeout                          (exit 3)
+└── AuthRefused    the token was missing, unknown or lacks scope (401/403)   (exit 4)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from aggregator.fleet import NodeDetail, NodeSummary
 
 DEFAULT_SERVER: Final = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT: Final = 10.0
+# Where the `cli` group leaves the token (`--token-file`) for every command's client.
+TOKEN_META_KEY: Final = "nicfleet.token"
 
 
 class CtlError(click.ClickException):
@@ -40,6 +43,35 @@ class Unreachable(CtlError):
     exit_code = 3
 
 
+class AuthRefused(CtlError):
+    exit_code = 4
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in `path` (the whole file, surrounding whitespace stripped)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            token = file.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--token-file: cannot read {path}: {_reason(exc)}") from exc
+    if not token or any(c.isspace() for c in token):
+        raise BadInput(f"--token-file: {path} must hold exactly one token and nothing else")
+    return token
+
+
+def current_token() -> str | None:
+    """The token the running `nicfleetctl` invocation was given, if any."""
+    ctx = click.get_current_context(silent=True)
+    token = ctx.meta.get(TOKEN_META_KEY) if ctx is not None else None
+    return token if isinstance(token, str) else None
+
+
+def auth_headers(token: str | None = None) -> dict[str, str]:
+    """`Authorization: Bearer …` for `token` (default: `current_token()`), or nothing."""
+    token = token if token is not None else current_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class AggregatorClient:
     """Sync client for `/api/v1`; use as a context manager so the connection pool closes."""
 
@@ -49,13 +81,14 @@ class AggregatorClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,  # default: the one given to this nicfleetctl (--token-file)
     ) -> None:
         self.server = server.rstrip("/")
         self._http = httpx.Client(
             base_url=self.server,
             timeout=timeout,
             transport=transport,
-            headers={"Accept": "application/json"},
+            headers={"Accept": "application/json", **auth_headers(token)},
         )
 
     def __enter__(self) -> AggregatorClient:
@@ -127,6 +160,13 @@ def _json_object(response: httpx.Response) -> dict[str, Any] | None:
 
 def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | None) -> CtlError:
     error = body.get("error") if body is not None else None
+    if response.status_code in (401, 403):
+        said = error.get("message") if isinstance(error, dict) else None
+        return AuthRefused(
+            f"authentication refused by {server}: "
+            f"{said if isinstance(said, str) else f'HTTP {response.status_code}'}; "
+            "check --token-file (or NICFLEET_TOKEN_FILE)"
+        )
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         kind = response.headers.get("content-type", "no content type")
         return ApiError(

@@ -16,10 +16,12 @@ from rich.console import Console
 
 from aggregator.ctl.client import (
     DEFAULT_SERVER,
+    TOKEN_META_KEY,
     AggregatorClient,
     BadInput,
     parse_detail,
     parse_summaries,
+    read_token_file,
 )
 from aggregator.ctl.render import console_for, render_node, render_nodes
 from aggregator.fleet import NODE_STATES
@@ -31,7 +33,8 @@ Exit codes:
   0  success
   1  the aggregator answered with an error (unknown node, server failure)
   2  usage error or bad input (invalid option, node name or server URL)
-  3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
+  3  the aggregator could not be reached (check --server / NICFLEET_SERVER)
+  4  authentication refused: no, unknown or read-only token (check --token-file)"""
 
 output_option = click.option(
     "-o",
@@ -59,11 +62,20 @@ def _check_server(ctx: click.Context, param: click.Parameter, value: str) -> str
     callback=_check_server,
     help="Base URL of the nicfleet aggregator API.",
 )
+@click.option(
+    "--token-file",
+    envvar="NICFLEET_TOKEN_FILE",
+    show_envvar=True,
+    type=click.Path(dir_okay=False),
+    help="File holding the API bearer token (aggregator --api-token-file). Default: none.",
+)
 @click.version_option(package_name="nicfleet", prog_name="nicfleetctl")
 @click.pass_context
-def cli(ctx: click.Context, server: str) -> None:
+def cli(ctx: click.Context, server: str, token_file: str | None) -> None:
     """Inspect the RDMA network path of a GPU fleet through the nicfleet aggregator."""
     ctx.obj = server
+    if token_file is not None:
+        ctx.meta[TOKEN_META_KEY] = read_token_file(token_file)
 
 
 @cli.command(epilog=EPILOG)
