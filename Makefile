@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install system-packages demo test lint typecheck contracts unit stubs bench clean
+.PHONY: install system-packages demo test test-faults lint typecheck contracts unit stubs bench clean
 
 install: $(STAMP)
 
@@ -43,9 +43,13 @@ contracts: install
 	$(BIN)/lint-imports
 
 unit: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
 
-test: install system-packages lint typecheck contracts unit
+# Fault tests (kill servers and processes); `make test` runs them too when CI is set.
+test-faults: install
+	$(BIN)/pytest -q -m slow
+
+test: install system-packages lint typecheck contracts unit $(if $(CI),test-faults)
 
 # Benchmarks (never part of `make test`): numbers go to docs/performance.md.
 bench: install

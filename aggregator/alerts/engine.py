@@ -32,6 +32,7 @@ from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore
 from aggregator.changes import Subscription
 from aggregator.cluster import ClusterView
+from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.rules.finding import Finding
 from proto.messages import Alert
@@ -172,6 +173,8 @@ class AlertEngine:
             return None
         self.findings = findings
         self.evaluated_at = now
+        self.metrics.evaluations.labels(trigger).inc()
+        self.metrics.findings.set(len(findings))
         leading = self._is_leader()
         if not leading:
             # A follower serves findings but leaves the alert lifecycle to the leader.
@@ -180,7 +183,12 @@ class AlertEngine:
         if not self._leading and self._store is not None and self._started_at is not None:
             # Just took over: continue from what the previous leader persisted, so its
             # firing alerts are neither forgotten nor sent again.
-            self.load(await self._store.load())
+            try:
+                self.load(await self._store.load())
+            except StoreError as exc:
+                log.warning("cannot load alert states at takeover: %s; retrying", exc)
+                self.metrics.store_errors.inc()
+                return None  # still not leading: the next cycle retries the load
         self._leading = True
         lifecycle = self.settings.lifecycle
         if self._timings is not None:
@@ -188,10 +196,6 @@ class AlertEngine:
         result = step(self.states, findings, now, lifecycle, held=self._held(now))
         old = self.states
         self.states = result.states
-        self.findings = findings
-        self.evaluated_at = now
-        self.metrics.evaluations.labels(trigger).inc()
-        self.metrics.findings.set(len(findings))
         self.metrics.firing.set(sum(1 for s in result.states.values() if s.phase == "firing"))
         await self._deliver(result.transitions)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)

@@ -1,0 +1,78 @@
+"""Benchmark: R3 KV write availability when the stream leader of a 3-server JetStream
+cluster on loopback is SIGKILLed — time from the kill until a put is acknowledged again.
+
+Uses the test cluster launcher (tests/integration/jscluster.py); a fresh cluster per run.
+Never a test. Run from the repo root: PYTHONPATH=. .venv/bin/python bench/kv_failover.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+from nats.errors import Error as NatsError
+
+from tests.integration.jscluster import js_cluster
+
+BUCKET = "bench-r3"
+
+
+async def one_run(work: Path) -> float:
+    with js_cluster(work) as servers:
+        nc = await nats.connect(
+            servers=[s.url for s in servers.values()],
+            reconnect_time_wait=0.1,
+            max_reconnect_attempts=-1,
+        )
+        try:
+            js = nc.jetstream()
+            while True:  # the meta leader is elected a few seconds after start
+                try:
+                    kv = await js.create_key_value(bucket=BUCKET, history=1, replicas=3)
+                    break
+                except (NatsError, TimeoutError):
+                    await asyncio.sleep(0.1)
+            await kv.put("before", b"1")
+            info = await js.stream_info(f"KV_{BUCKET}")
+            assert info.cluster is not None and info.cluster.leader in servers
+            started = time.perf_counter()
+            await asyncio.to_thread(servers[info.cluster.leader].stop, kill=True)
+            while True:
+                try:
+                    await kv.put("after", b"2")
+                    return time.perf_counter() - started
+                except (NatsError, TimeoutError):
+                    await asyncio.sleep(0.02)
+        finally:
+            await nc.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    opts = parser.parse_args()
+    times = []
+    for run in range(opts.runs):
+        with tempfile.TemporaryDirectory(prefix="nicfleet-bench-") as tmp:
+            times.append(asyncio.run(one_run(Path(tmp) / str(run))))
+    result = {
+        "benchmark": "kv_failover",
+        "runs": opts.runs,
+        "write_resumed_s": {
+            "median": round(statistics.median(times), 3),
+            "min": round(min(times), 3),
+            "max": round(max(times), 3),
+        },
+    }
+    print(json.dumps(result) if opts.json else f"R3 KV writes resumed after: {result}")
+
+
+if __name__ == "__main__":
+    main()
