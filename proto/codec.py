@@ -88,4 +88,6 @@ def _run(decoder: Any, data: bytes | str, type_: type[T]) -> T:
         raise CodecError(name, path, reason) from exc
     except msgspec.DecodeError as exc:
         raise CodecError(name, "$", str(exc)) from exc
+    except RecursionError as exc:  # nesting deeper than msgspec follows (skipped fields too)
+        raise CodecError(name, "$", "nested too deeply") from exc
     return result

@@ -120,9 +120,13 @@ def _decode(data: bytes | str, source: str) -> object:
             raise ConfigError(source, "$", f"not UTF-8 text: {exc}") from None
     try:
         return json.loads(data)
+    except RecursionError:  # json and the YAML composer recurse once per nesting level
+        raise ConfigError(source, "$", "nested too deeply") from None
     except json.JSONDecodeError as json_error:
         try:
             return yaml.safe_load(data)
+        except RecursionError:
+            raise ConfigError(source, "$", "nested too deeply") from None
         except yaml.YAMLError as yaml_error:
             # A document that starts like JSON is JSON (the upstream file); report that error.
             if data.lstrip().startswith("{"):

@@ -85,12 +85,16 @@ def load_policies(text: str, *, source: str) -> tuple[Policy, ...]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "$"
         raise PolicyError(source, where, f"not valid YAML: {exc}") from exc
+    except RecursionError as exc:  # the YAML composer recurses once per nesting level
+        raise PolicyError(source, "$", "not valid YAML: nested too deeply") from exc
     policies: list[Policy] = []
     names: set[str] = set()
     for index, document in enumerate(documents):
         document, plugin_config = _split_plugin_config(document)
         try:
             policy = msgspec.convert(document, Policy)
+        except RecursionError as exc:
+            raise PolicyError(source, f"document {index}: $", "nested too deeply") from exc
         except msgspec.ValidationError as exc:
             text_ = str(exc)
             reason, _, at = text_.partition(" - at `")
