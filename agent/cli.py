@@ -30,12 +30,15 @@ from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.inventory import collect_snapshot
 from agent.lab.cli import lab
+from agent.metrics import parse_metrics_addr
 from agent.netlink import NetlinkUnavailable, netns_path
 from agent.service import AgentService, AgentSettings, with_verbs
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
 from proto.codec import to_json
 from proto.dpconfig import ConfigError, parse_device_plugin_config
+from proto.natsconnect import NatsClientSecurity
+from proto.natsflags import nats_security_options
 from proto.subjects import InvalidNodeName, validate_node_name
 
 EXIT_USAGE = 2
@@ -131,8 +134,20 @@ def snapshot(
     sys.stdout.buffer.write(to_json(snap) + b"\n")
 
 
+def _check_metrics_addr(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    try:
+        return parse_metrics_addr(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
+
+
 @main.command()
 @click.option("--nats-url", required=True, help="NATS server URL, e.g. nats://127.0.0.1:4222.")
+@nats_security_options
 @_host_options
 @click.option(
     "--counter-interval",
@@ -222,8 +237,16 @@ def snapshot(
     help="Where the CDI spec file is written.",
 )
 @click.option("--no-topology", is_flag=True, help="Do not attach NUMA TopologyInfo to devices.")
+@click.option(
+    "--metrics-addr",
+    metavar="HOST:PORT",
+    callback=_check_metrics_addr,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port; "
+    "IPv6 as [::1]:9101). Default: off.",
+)
 def run(
     nats_url: str,
+    nats_security: NatsClientSecurity,
     sysfs_root: Path,
     node_name: str | None,
     verbs: str,
@@ -242,6 +265,7 @@ def run(
     cdi: bool,
     cdi_dir: Path,
     no_topology: bool,
+    metrics_addr: tuple[str, int] | None,
 ) -> None:
     """Publish a snapshot on start, counters every second and link events as they happen."""
     if netns is not None:
@@ -262,6 +286,7 @@ def run(
         node_name=_node_name(node_name),
         sysfs_root=sysfs_root,
         nats_url=nats_url,
+        nats_security=nats_security,
         counter_interval=counter_interval,
         state_poll_interval=state_poll_interval
         if state_poll_interval is not None
@@ -282,6 +307,7 @@ def run(
             cdi_dir=cdi_dir,
             topology=not no_topology,
         ),
+        metrics_addr=metrics_addr,
     )
     _sysfs(sysfs_root)  # fail fast, before any connection attempt
     if logging.getLogger().level > logging.INFO:

@@ -11,22 +11,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import secrets
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.errors import Error as JetStreamError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
 from proto import subjects
 from proto.codec import CodecError, decode
 from proto.dpconfig import ConfigError, validate_device_plugin_config
 from proto.messages import DesiredConfig
+from proto.natsconnect import (
+    NO_SECURITY,
+    NatsClientSecurity,
+    agent_inbox_prefix,
+    connect_options,
+)
 
 log = logging.getLogger(__name__)
+
+CONFIG_STREAM = f"KV_{subjects.KV_CONFIG}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +62,11 @@ class DesiredConfigWatcher:
         url: str,
         on_config: Callable[[DesiredConfig | None], None],
         settings: DesiredSettings | None = None,
+        security: NatsClientSecurity = NO_SECURITY,
     ) -> None:
         self.key = subjects.node_token(node)
+        # Checked here, so a bad credential file fails the agent at start.
+        self._connect_options = connect_options(security, inbox_prefix=agent_inbox_prefix(node))
         self.node = node
         self.url = url
         self._on_config = on_config
@@ -88,6 +102,7 @@ class DesiredConfigWatcher:
                     reconnect_time_wait=0.25,
                     max_reconnect_attempts=-1,
                     reconnected_cb=reconnected,
+                    **self._connect_options,
                 )
                 return True
             except (TimeoutError, OSError, NatsError) as exc:
@@ -119,7 +134,7 @@ class DesiredConfigWatcher:
             return
         self._reconnected.clear()
         try:
-            watcher = await kv.watch(self.key, inactive_threshold=self.settings.inactive_threshold)
+            sub = await self._subscribe()
         except (TimeoutError, JetStreamError, NatsError, OSError) as exc:
             log.warning("desired config: cannot watch %s: %s; retrying", self.key, exc)
             await _pause(stop, self.settings.retry_initial)
@@ -127,7 +142,7 @@ class DesiredConfigWatcher:
         self.watching.set()
         try:
             async with asyncio.TaskGroup() as tasks:
-                reader = tasks.create_task(self._read(watcher))
+                reader = tasks.create_task(self._read(_entries(sub)))
                 ender = tasks.create_task(self._until_rewatch(stop))
                 await asyncio.wait({reader, ender}, return_when=asyncio.FIRST_COMPLETED)
                 reader.cancel()
@@ -135,7 +150,28 @@ class DesiredConfigWatcher:
         finally:
             self.watching.clear()
             with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                await sub.unsubscribe()
+
+    async def _subscribe(self) -> JetStreamContext.PushSubscription:
+        """A named consumer filtered on this node's key, last value first, then updates.
+
+        Named, because only then does the create request's subject carry the filter
+        (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`) and the server can allow an
+        agent its own key alone; `kv.watch()` creates an unnamed one, which would need a
+        permission that reads every node's key. Not ordered: no acks, no flow control.
+        """
+        assert self._nc is not None
+        name = f"desired-{self.key[:180]}-{secrets.token_hex(4)}"
+        config = ConsumerConfig(
+            name=name,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=self.settings.inactive_threshold,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        subject = f"$KV.{subjects.KV_CONFIG}.{self.key}"
+        return await self._nc.jetstream().subscribe(subject, stream=CONFIG_STREAM, config=config)
 
     async def _until_rewatch(self, stop: asyncio.Event) -> None:
         waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._reconnected)]
@@ -148,7 +184,7 @@ class DesiredConfigWatcher:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _read(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _read(self, watcher: AsyncIterator[KeyValue.Entry | None]) -> None:
         async for entry in watcher:
             if entry is None:
                 continue  # end of the initial values
@@ -175,6 +211,25 @@ class DesiredConfigWatcher:
             log.error("desired config not applied, the last good one stays: %s", exc)
             return None
         return config
+
+
+async def _entries(sub: JetStreamContext.PushSubscription) -> AsyncIterator[KeyValue.Entry]:
+    async for msg in sub.messages:
+        headers = msg.headers or {}
+        op = headers.get(KV_OP)
+        if op is None and headers.get(KV_MARKER_REASON) is not None:
+            # nats-server 2.11+ marks server-side removals with a reason, not an operation.
+            reason = headers[KV_MARKER_REASON]
+            op = KV_DEL if reason == "Remove" else KV_PURGE
+        yield KeyValue.Entry(
+            bucket=subjects.KV_CONFIG,
+            key=msg.subject.rsplit(".", 1)[-1],
+            value=msg.data,
+            revision=msg.metadata.sequence.stream,
+            delta=msg.metadata.num_pending,
+            created=None,
+            operation=op,
+        )
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:

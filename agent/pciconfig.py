@@ -12,6 +12,7 @@ from typing import Final
 from agent.errors import ParseError
 
 HEADER_SIZE: Final = 64  # what an unprivileged reader gets (type 0/1 header)
+CARDBUS_HEADER_SIZE: Final = 128  # ... and of a CardBus bridge
 CONFIG_SPACE_SIZE: Final = 256  # conventional PCI: no extended capabilities
 EXT_CONFIG_SPACE_SIZE: Final = 4096
 ACS_CAP_ID: Final = 0x000D
@@ -27,6 +28,20 @@ ACS_REDIRECT_BITS: Final = ACS_SV | ACS_RR | ACS_CR
 _MAX_CAPABILITIES: Final = (EXT_CONFIG_SPACE_SIZE - CONFIG_SPACE_SIZE) // 8
 
 
+class HeaderOnly(ParseError):
+    """Exactly the header an unprivileged read returns: drivers/pci/pci-sysfs.c cuts a
+    `config` read to 64 bytes (128 for CardBus) without CAP_SYS_ADMIN, so everything
+    beyond it, ACS included, is unknown, not absent."""
+
+    def __init__(self, config: bytes) -> None:
+        super().__init__(
+            "PCI config space",
+            _hex(config),
+            "extended config space not readable: needs CAP_SYS_ADMIN "
+            f"(read {len(config)} bytes, the header only)",
+        )
+
+
 def _dword(config: bytes, offset: int) -> int:
     return int.from_bytes(config[offset : offset + 4], "little")
 
@@ -35,14 +50,15 @@ def find_ext_capability(config: bytes, cap_id: int) -> int | None:
     """Offset of extended capability `cap_id`, or None when the function lacks it.
 
     Raises ParseError when the bytes cannot tell: shorter than the 64-byte header,
-    truncated between 64 and 256 bytes (an unprivileged read shows only the header),
-    or a capability chain pointing past the data.
+    truncated between 64 and 256 bytes, or a capability chain pointing past the data;
+    HeaderOnly (a ParseError) for exactly the 64 or 128 bytes an unprivileged read shows.
     """
     size = len(config)
     if size < HEADER_SIZE:
         raise ParseError("PCI config space", _hex(config), f"only {size} bytes")
+    if size in (HEADER_SIZE, CARDBUS_HEADER_SIZE):
+        raise HeaderOnly(config)
     if size < CONFIG_SPACE_SIZE:
-        # Readers without CAP_SYS_ADMIN see only the header: the answer is unknown.
         raise ParseError("PCI config space", _hex(config), f"truncated to {size} bytes")
     if size < CONFIG_SPACE_SIZE + 4:
         return None  # conventional PCI function or a 256-byte read: no extended space

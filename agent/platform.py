@@ -85,8 +85,9 @@ def acs_enabled_bridges(
     """Bridges on a GPU<->NIC peer-to-peer path whose ACS control redirects or validates
     that traffic (SV, RR or CR set), which sends GPUDirect RDMA up to the root complex.
 
-    Each bridge's config space is read once. Unreadable or truncated config (a reader
-    without CAP_SYS_ADMIN sees 64 bytes) is recorded, and the bridge is not listed.
+    Each bridge's config space is read once. Unreadable or truncated config is recorded
+    and the bridge is not listed; a header-only read (the agent lacks CAP_SYS_ADMIN) is
+    recorded as exactly that, so "no ACS seen" is never mistaken for "no ACS".
     """
     bridges: dict[str, PciFunction] = {}
     for gpu in gpus:
@@ -103,6 +104,9 @@ def acs_enabled_bridges(
             control = pciconfig.parse_acs_control(config)
         except ReadFailed as failure:
             errors.add(failure)
+            continue
+        except pciconfig.HeaderOnly as exc:
+            errors.record(f"{d.path}/config", exc.reason)
             continue
         except ParseError as exc:
             errors.record(f"{d.path}/config", f"unparsable: {exc.reason}")

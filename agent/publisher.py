@@ -22,6 +22,12 @@ from proto import subjects
 from proto.codec import encode
 from proto.inventory import NodeSnapshot
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
+from proto.natsconnect import (
+    NO_SECURITY,
+    NatsClientSecurity,
+    agent_inbox_prefix,
+    connect_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +49,11 @@ class Publisher:
         url: str,
         on_reconnect: Callable[[], Awaitable[None]],
         connect_timeout: float = 2.0,
+        security: NatsClientSecurity = NO_SECURITY,
     ) -> None:
         self.node = subjects.validate_node_name(node)
+        # Checked here, so a bad credential file fails the agent at start.
+        self._connect_options = connect_options(security, inbox_prefix=agent_inbox_prefix(node))
         self.url = url
         self._on_reconnect = on_reconnect
         self._connect_timeout = connect_timeout
@@ -69,6 +78,7 @@ class Publisher:
                     reconnected_cb=self._reconnected,
                     disconnected_cb=self._disconnected,
                     error_cb=self._error,
+                    **self._connect_options,
                 )
                 log.info("connected to NATS at %s", self.url)
                 return True

@@ -32,9 +32,10 @@ from agent.linkevents import (
     netdevs_from_dump,
     update_netdevs,
 )
+from agent.metrics import MetricsServer, agent_registry
 from agent.netlink import NetlinkUnavailable, NetlinkWatcher
 from agent.portstates import PortStateReader
-from agent.publisher import Publisher
+from agent.publisher import Publisher, PublishStats
 from agent.rates import with_rates
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
@@ -47,6 +48,7 @@ from proto.messages import (
     DevicePluginStatus,
     LinkEvent,
 )
+from proto.natsconnect import NO_SECURITY, NatsClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,9 @@ class AgentSettings:
     device_plugin_enabled: bool = False
     desired_config: bool = True
     desired: DesiredSettings = field(default_factory=DesiredSettings)
+    # NKey seed / user and TLS for both NATS connections (publisher, desired config).
+    nats_security: NatsClientSecurity = NO_SECURITY
+    metrics_addr: tuple[str, int] | None = None  # serve /metrics on (host, port); None: off
 
 
 class AgentService:
@@ -92,7 +97,10 @@ class AgentService:
         self._first_snapshot = asyncio.Event()
         self.netlink_watching = asyncio.Event()  # set once the first link dump is known
         self._publisher = Publisher(
-            node=settings.node_name, url=settings.nats_url, on_reconnect=self._request_resync
+            node=settings.node_name,
+            url=settings.nats_url,
+            on_reconnect=self._request_resync,
+            security=settings.nats_security,
         )
         self._snapshot_seq = 0
         self._counter_seq = 0
@@ -110,6 +118,12 @@ class AgentService:
         self._applied: tuple[DevicePluginConfig, int] | None = None
         self.config_source: str | None = None  # "file" | "aggregator" | None (nothing yet)
         self.desired: DesiredConfigWatcher | None = None
+        # Read by agent.metrics at scrape time.
+        self.configs_applied: dict[str, int] = {}  # device-plugin configs applied, by source
+        self.collect_seconds: dict[str, float] = {}  # last collection's wall time, by kind
+        self.metrics: MetricsServer | None = None
+        if settings.metrics_addr is not None:
+            self.metrics = MetricsServer(agent_registry(self), *settings.metrics_addr)
         if settings.device_plugin_config is not None or settings.device_plugin_enabled:
             self.plugin = DevicePluginManager(
                 settings.device_plugin,
@@ -123,7 +137,20 @@ class AgentService:
                     url=settings.nats_url,
                     on_config=self._on_desired,
                     settings=settings.desired,
+                    security=settings.nats_security,
                 )
+
+    @property
+    def nats_connected(self) -> bool:
+        return self._publisher.connected
+
+    @property
+    def publish_stats(self) -> PublishStats:
+        return self._publisher.stats
+
+    @property
+    def last_snapshot(self) -> NodeSnapshot | None:
+        return self._snapshot
 
     async def _request_resync(self) -> None:
         self._resync.set()
@@ -159,6 +186,8 @@ class AgentService:
                 if self.desired is not None:
                     tasks.create_task(self.desired.run(stop))
                 tasks.create_task(self._status_loop(stop))
+            if self.metrics is not None:
+                tasks.create_task(self.metrics.run(stop))
 
     async def _connect(self, stop: asyncio.Event) -> None:
         if await self._publisher.connect(stop):
@@ -209,6 +238,7 @@ class AgentService:
             log.info("desired config removed; back to the config file")
         self._applied, self.config_source = wanted, source
         self.plugin.apply_config(*wanted)
+        self.configs_applied[source] = self.configs_applied.get(source, 0) + 1
         log.info("device-plugin config generation %d applied (from %s)", wanted[1], source)
 
     async def _status_loop(self, stop: asyncio.Event) -> None:
@@ -232,6 +262,7 @@ class AgentService:
                 return
             self._resync.clear()
             self._snapshot_seq += 1
+            started = time.perf_counter()
             snapshot = await asyncio.to_thread(
                 collect_snapshot,
                 self._sysfs,
@@ -240,6 +271,7 @@ class AgentService:
                 now=self._clock(),
                 agent_version=__version__,
             )
+            self.collect_seconds["snapshot"] = time.perf_counter() - started
             snapshot = with_verbs(snapshot, self._verbs)
             if snapshot.devices or not snapshot.errors:
                 # A collection that timed out as a whole has no devices; keep mapping
@@ -254,6 +286,7 @@ class AgentService:
         previous: CounterBatch | None = None
         stuck = False
         while not stop.is_set():
+            started = time.perf_counter()
             try:
                 raw = await asyncio.to_thread(
                     self._counters.collect,
@@ -265,6 +298,7 @@ class AgentService:
                 stuck = _log_stuck(stuck, "counter sample", exc)
             else:
                 stuck = _log_recovered(stuck, "counter sample")
+                self.collect_seconds["counters"] = time.perf_counter() - started
                 self._counter_seq += 1
                 previous = batch = with_rates(previous, raw)
                 await self._publisher.publish(batch)

@@ -18,12 +18,16 @@ from multidict import MultiMapping
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from aggregator import __version__
 from aggregator.api_chain import add_chain_routes
 from aggregator.apiauth import ApiAuth, auth_middleware
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
 from aggregator.httperrors import BadParameter, error_response, json_response
+from aggregator.openapi import OPENAPI_PATH, openapi_document
 from aggregator.reconciler import ReconcileReport
+from aggregator.tokenreview import TokenReviewer
+from proto.codec import to_json
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 
@@ -167,13 +171,18 @@ def build_app(
     policy_source: Callable[[], tuple[Policy, ...]] | None = None,  # default: `policies`
     policy_report: Callable[[], ReconcileReport] | None = None,  # the reconciler's latest
     auth: ApiAuth | None = None,  # bearer tokens (aggregator.apiauth); None: API open
+    token_review: TokenReviewer | None = None,  # tokens not in `auth` go to TokenReview
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
     api.policy_source = policy_source
     api.policy_report = policy_report
     # The auth middleware runs inside the error middleware, so 401/403 are counted too.
-    middlewares = [api.middleware] + ([auth_middleware(auth)] if auth is not None else [])
+    if auth is None and token_review is not None:
+        auth = ApiAuth(tokens=())  # TokenReview only
+    middlewares = [api.middleware] + (
+        [auth_middleware(auth, review=token_review, registry=api.registry)] if auth else []
+    )
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
@@ -189,6 +198,7 @@ def build_app(
         clock=clock,
         stale_after=settings.stale_after,
     )
+    app.router.add_get(OPENAPI_PATH, _openapi_handler(auth, reviewed=token_review is not None))
     return app
 
 
@@ -235,6 +245,27 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Re
             headers={"Allow": ", ".join(allowed)},
         )
     return error_response(exc.status, "http_error", exc.reason)
+
+
+def _openapi_handler(auth: ApiAuth | None, *, reviewed: bool) -> Handler:
+    """The document of the routes registered when first asked (the router is frozen by then)."""
+    cache: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        if not cache:
+            router = request.app.router
+            routes = [(r.method, r.resource.canonical) for r in router.routes() if r.resource]
+            doc = openapi_document(
+                routes,
+                version=__version__,
+                secured=auth is not None,
+                metrics_public=auth is not None and auth.metrics_public,
+                token_review=reviewed,
+            )
+            cache.append(to_json(doc))
+        return web.Response(body=cache[0], content_type="application/json")
+
+    return handler
 
 
 def _route_label(request: web.Request) -> str:

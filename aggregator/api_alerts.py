@@ -30,7 +30,7 @@ SEVERITIES: Final = ("critical", "warning", "info")
 STATUSES: Final = ("firing", "resolved")
 FINDING_PARAMS: Final = ("node", "rule", "severity")
 ALERT_PARAMS: Final = ("node", "rule", "severity", "status")
-_RULE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_RULE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # fullmatch: `$` would let "x\n" through
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,7 @@ def parse_filters(query: web.BaseRequest, allowed: tuple[str, ...]) -> Filters:
         except InvalidNodeName as exc:
             raise BadParameter("node", str(exc)) from exc
     rule = params.get("rule")
-    if rule is not None and not _RULE.match(rule):
+    if rule is not None and not _RULE.fullmatch(rule):
         raise BadParameter("rule", f"rule must be a rule id like 'port-down', got {rule!r}")
     severity = params.get("severity")
     if severity is not None and severity not in SEVERITIES:

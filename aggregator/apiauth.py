@@ -1,8 +1,9 @@
 """Bearer-token authentication of the aggregator's HTTP API: the token file and the middleware.
 
 `parse_token_file` is pure (text in, `ApiAuth` out, errors name the line, never the token);
-`auth_middleware` answers 401/403 in the `httperrors` shape. Tokens are compared with
-`hmac.compare_digest` against every configured token, and are never logged or repr'd.
+`auth_middleware` tries the file (`hmac.compare_digest` against every token), then TokenReview
+(`aggregator.tokenreview`), answering 401/403/503 in the `httperrors` shape. Tokens are never
+logged, repr'd or counted; metric labels are the method and the result only.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Final, Literal
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.httperrors import error_response
+from aggregator.tokenreview import Allowed, Refused, TokenReviewer, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class ApiToken:
 
 @dataclass(frozen=True, kw_only=True)
 class ApiAuth:
-    """Configured tokens; `metrics_public` leaves /metrics open to scrapers without a token."""
+    """Configured tokens (none: TokenReview only); `metrics_public` leaves /metrics open."""
 
     tokens: tuple[ApiToken, ...]
     metrics_public: bool = False
@@ -129,8 +132,30 @@ def bearer_token(header: str | None) -> str | None:
     return credential
 
 
-def auth_middleware(auth: ApiAuth) -> Middleware:
-    """401 without a known token, 403 for a read token on a non-read method, else the handler."""
+AuthMethod = Literal["none", "file", "tokenreview"]
+AuthResult = Literal["ok", "unauthenticated", "forbidden", "unavailable"]
+
+
+def auth_middleware(
+    auth: ApiAuth,
+    *,
+    review: TokenReviewer | None = None,
+    registry: CollectorRegistry | None = None,
+) -> Middleware:
+    """The token file first (constant time), then TokenReview when `review` is given.
+
+    401 without a known token, 403 for a scope that does not cover the method (or an
+    identity in no configured group), 503 when TokenReview cannot answer; else the handler.
+    `nicfleet_api_auth_total{method,result}` counts every decision on a protected path."""
+    outcomes = Counter(
+        "nicfleet_api_auth",
+        "API authentication decisions, by method (none: no bearer token) and result.",
+        ("method", "result"),
+        registry=registry,
+    )
+
+    def count(method: AuthMethod, result: AuthResult) -> None:
+        outcomes.labels(method, result).inc()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -139,15 +164,40 @@ def auth_middleware(auth: ApiAuth) -> Middleware:
         presented = bearer_token(request.headers.get("Authorization"))
         if presented is None:
             _refused(request, "no bearer token")
+            count("none", "unauthenticated")
             return error_response(
                 401,
                 "unauthorized",
                 "authentication required: send 'Authorization: Bearer <token>'",
                 headers={"WWW-Authenticate": REALM},
             )
+        method: AuthMethod = "file"
         scope = auth.scope_of(presented)
+        who = "this token"
+        if scope is None and review is not None and _TOKEN_RE.fullmatch(presented):
+            method = "tokenreview"
+            decision = await review.authenticate(presented)
+            if isinstance(decision, Unavailable):
+                log.warning("API request refused (%s): %s", decision.message, _describe(request))
+                count(method, "unavailable")
+                return error_response(503, "auth_unavailable", decision.message)
+            if isinstance(decision, Refused) and decision.kind == "forbidden":
+                _refused(request, decision.message)
+                count(method, "forbidden")
+                return error_response(
+                    403,
+                    "forbidden",
+                    decision.message,
+                    headers={"WWW-Authenticate": f'{REALM}, error="insufficient_scope"'},
+                )
+            if isinstance(decision, Allowed):
+                scope = decision.scope
+                who = f"{decision.username} (TokenReview)"
+        elif scope is None and review is not None:
+            method = "tokenreview"  # not even token-shaped: no review call
         if scope is None:
             _refused(request, "unknown token")
+            count(method, "unauthenticated")
             return error_response(
                 401,
                 "unauthorized",
@@ -155,24 +205,24 @@ def auth_middleware(auth: ApiAuth) -> Middleware:
                 headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'},
             )
         if scope != "admin" and request.method not in READ_METHODS:
-            _refused(request, "read token on an admin method")
+            _refused(request, f"{who} has the read scope, {request.method} needs admin")
+            count(method, "forbidden")
             return error_response(
                 403,
                 "forbidden",
-                f"{request.method} needs an admin token; this token has the read scope",
+                f"{request.method} needs an admin token; {who} has the read scope",
                 headers={"WWW-Authenticate": f'{REALM}, error="insufficient_scope"'},
             )
+        count(method, "ok")
         return await handler(request)
 
     return middleware
 
 
 def _refused(request: web.Request, reason: str) -> None:
+    log.info("API request refused (%s): %s", reason, _describe(request))
+
+
+def _describe(request: web.Request) -> str:
     # Method, path and peer only: never the header or the token.
-    log.info(
-        "API request refused (%s): %s %s from %s",
-        reason,
-        request.method,
-        request.path,
-        request.remote,
-    )
+    return f"{request.method} {request.path} from {request.remote}"

@@ -21,7 +21,12 @@ from aggregator.alerts.setup import AlertWiring
 from aggregator.apiauth import ApiAuth, TokenFileError, load_token_file
 from aggregator.errors import AggregatorError
 from aggregator.kube import KubeSettings
+from aggregator.natskeys import nats_auth
+from aggregator.reviewflags import token_review_options
 from aggregator.service import AggregatorService, AggregatorSettings
+from aggregator.tokenreview import ReviewSettings
+from proto.natsconnect import NatsClientSecurity
+from proto.natsflags import nats_security_options
 from proto.policy import Policy, PolicyError, load_policies
 
 
@@ -66,6 +71,13 @@ def main() -> None:
 
 @main.command()
 @click.option("--nats-url", help="NATS server URL. Default: start an embedded nats-server.")
+@nats_security_options
+@click.option(
+    "--nats-server-config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Config file of the embedded nats-server, e.g. the server-auth.conf written by "
+    "`nicfleet-aggregator nats-auth` (users, permissions, TLS).",
+)
 @click.option(
     "--listen",
     type=_Listen(),
@@ -128,11 +140,14 @@ def main() -> None:
 @click.option(
     "--metrics-public",
     is_flag=True,
-    help="With --api-token-file: leave /metrics open to scrapers without a token.",
+    help="With --api-token-file/--api-token-review: leave /metrics open to scrapers.",
 )
+@token_review_options
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def run(
     nats_url: str | None,
+    nats_security: NatsClientSecurity,
+    nats_server_config: Path | None,
     listen: tuple[str, int],
     policy_file: Path | None,
     stale_after: float,
@@ -146,6 +161,7 @@ def run(
     identity: str | None,
     api_token_file: Path | None,
     metrics_public: bool,
+    api_token_review: ReviewSettings | None,
     verbose: int,
 ) -> None:
     """Consume node messages from NATS, keep the fleet view and serve the API."""
@@ -159,6 +175,10 @@ def run(
         except (PolicyError, OSError, UnicodeDecodeError) as exc:
             click.echo(f"error: --policy: {exc}", err=True)
             raise SystemExit(2) from exc
+    if nats_server_config is not None and nats_url is not None:
+        click.echo("error: --nats-server-config: only for the embedded server (no --nats-url)",
+                   err=True)  # fmt: skip
+        raise SystemExit(2)
     ways = [w for w in (kubeconfig is not None, in_cluster, kube_api is not None) if w]
     if len(ways) > 1:
         click.echo("error: use only one of --kubeconfig, --in-cluster and --kube-api", err=True)
@@ -179,8 +199,19 @@ def run(
             counts["read"], counts["admin"], api_token_file,
             "public" if metrics_public else "needs a token",
         )  # fmt: skip
-    else:
+    elif api_token_review is None:
         logging.getLogger(__name__).warning("API authentication off: the HTTP API is open")
+    if api_token_review is not None:
+        if not ways:
+            click.echo("error: --api-token-review: needs --in-cluster, --kubeconfig or "
+                       "--kube-api", err=True)  # fmt: skip
+            raise SystemExit(2)
+        api_auth = api_auth or ApiAuth(tokens=(), metrics_public=metrics_public)
+        logging.getLogger(__name__).info(
+            "API authentication on: TokenReview; read: %s, admin: %s",
+            ", ".join(api_token_review.read_groups + api_token_review.read_users),
+            ", ".join(api_token_review.admin_groups + api_token_review.admin_users),
+        )
     if ways and policy_file is not None:
         click.echo(
             "error: --policy: with a cluster, policies come from NicFleetPolicy objects", err=True
@@ -196,6 +227,8 @@ def run(
     settings = AggregatorSettings(
         kube=kube,
         nats_url=nats_url,
+        nats_security=nats_security,
+        nats_server_config=nats_server_config,
         listen_host=listen[0],
         listen_port=listen[1],
         stale_after=stale_after,
@@ -204,6 +237,7 @@ def run(
         policies=policies,
         policy_file=policy_file,
         api_auth=api_auth,
+        api_token_review=api_token_review,
         alerts=AlertWiring(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
         ),
@@ -218,6 +252,9 @@ def run(
     except OSError as exc:  # e.g. the listen address is taken
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from exc
+
+
+main.add_command(nats_auth)
 
 
 async def _serve(settings: AggregatorSettings) -> None:

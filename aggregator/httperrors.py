@@ -22,6 +22,7 @@ ErrorCode = Literal[
     "http_error",
     "unauthorized",  # aggregator.apiauth: no or unknown bearer token
     "forbidden",  # aggregator.apiauth: read token on an admin method
+    "auth_unavailable",  # aggregator.apiauth: TokenReview could not be made (503)
 ]
 JSON_TYPE: Final = "application/json"
 

@@ -1,7 +1,8 @@
 """Every Kubernetes API call the aggregator makes, via the official client's asyncio flavour
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
 connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
-Events, `nicfleet.io/*` labels, the leader Lease) and turning client errors into KubeErrors.
+Events, `nicfleet.io/*` labels, the leader Lease), TokenReviews of API bearer tokens, and
+turning client errors into KubeErrors.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aggregator.kube_objects import (
     listing_from,
     pod_request_from_object,
 )
+from aggregator.tokenreview import TokenReviewResult, result_from_review
 
 GROUP: Final = "nicfleet.io"
 VERSION: Final = "v1alpha1"
@@ -74,6 +76,7 @@ class KubeClient:
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
         self._leases = k8s.CoordinationV1Api(api)
+        self._authn = k8s.AuthenticationV1Api(api)
 
     @classmethod
     async def connect(cls, settings: KubeSettings) -> KubeClient:
@@ -314,6 +317,27 @@ class KubeClient:
                 return False
             raise
         return True
+
+    # --- TokenReview (API authentication) ------------------------------------------------
+
+    async def review_token(self, token: str, audiences: tuple[str, ...] = ()) -> TokenReviewResult:
+        """Ask the API server who `token` belongs to (`authentication.k8s.io/v1` TokenReview).
+
+        Nothing is stored server-side. The token goes only into the request body: never
+        into `what`, so no KubeError message can carry it."""
+        spec: dict[str, Any] = {"token": token}
+        if audiences:
+            spec["audiences"] = list(audiences)
+        # A plain dict, not a V1TokenReview model: a model's repr would show the token.
+        body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        what = "create TokenReview"
+        raw = await self._json(
+            what, self._authn.create_token_review_without_preload_content(body, **self._timeout())
+        )
+        try:
+            return result_from_review(raw)
+        except ValueError as exc:
+            raise KubeUnavailableError(f"{what}: not a TokenReview: {exc}") from None
 
     # --- plumbing ------------------------------------------------------------------------
 

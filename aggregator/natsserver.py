@@ -42,6 +42,9 @@ class NatsServerSettings:
     store_dir: Path | None = None  # None: a temporary directory removed on stop
     start_timeout: float = 10.0
     binary: Path | None = None
+    # A nats-server config (e.g. `nicfleet-aggregator nats-auth`'s server-auth.conf:
+    # users, permissions, TLS); the flags above still win over what it says.
+    config_file: Path | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -90,6 +93,7 @@ class NatsServer:
             "-sd", str(self.store_dir),
             "--ports_file_dir", str(ports_dir),
             "-l", str(self._work / "nats-server.log"),
+            *(("-c", str(self.settings.config_file)) if self.settings.config_file else ()),
             *self.settings.extra_args,
         ]  # fmt: skip
         try:

@@ -32,7 +32,7 @@ from aggregator.apiauth import ApiAuth
 from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.errors import KubeError, StoreError
+from aggregator.errors import KubeError, SettingsError, StoreError
 from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
 from aggregator.kube import KubeClient, KubeSettings
@@ -45,7 +45,9 @@ from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.rules.finding import Finding
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
+from aggregator.tokenreview import ReviewSettings, TokenReviewer
 from proto import subjects
+from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
 from proto.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,9 @@ class AggregatorSettings:
     listen_port: int = 8080
     stale_after: float = 30.0
     nats_store_dir: Path | None = None  # embedded server's JetStream store
+    # Embedded server's config (users, permissions, TLS: `nicfleet-aggregator nats-auth`).
+    nats_server_config: Path | None = None
+    nats_security: NatsClientSecurity = NO_SECURITY  # this process's NATS credentials, TLS
     ready_file: Path | None = None
     policies: tuple[Policy, ...] = ()  # from --policy; the CRD replaces this in clusters
     policy_file: Path | None = None  # --policy: re-read when it changes (aggregator.policies)
@@ -73,6 +78,8 @@ class AggregatorSettings:
     leader_ttl: float = 10.0
     nvidia_audit_interval: float = 30.0
     api_auth: ApiAuth | None = None  # --api-token-file: bearer tokens; None: the API is open
+    # --api-token-review: tokens not in api_auth are checked by TokenReview (needs `kube`).
+    api_token_review: ReviewSettings | None = None
 
 
 class AggregatorService:
@@ -103,6 +110,7 @@ class AggregatorService:
         self.watcher: ClusterWatcher | None = None  # set when a cluster is configured
         self._policy_source: PolicySource | None = None
         self._kube: KubeClient | None = None
+        self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
 
@@ -120,7 +128,12 @@ class AggregatorService:
         runner: web.AppRunner | None = None
         try:
             if self.nats_url is None:
-                embedded = NatsServer(NatsServerSettings(store_dir=self.settings.nats_store_dir))
+                embedded = NatsServer(
+                    NatsServerSettings(
+                        store_dir=self.settings.nats_store_dir,
+                        config_file=self.settings.nats_server_config,
+                    )
+                )
                 await asyncio.to_thread(embedded.start)
                 self.nats_url = embedded.url
                 log.info("embedded nats-server listening on %s", self.nats_url)
@@ -253,6 +266,7 @@ class AggregatorService:
                     reconnected_cb=up,
                     disconnected_cb=down,
                     error_cb=error,
+                    **connect_options(self.settings.nats_security),
                 )
                 connected.set(1)
                 return self._nc
@@ -301,6 +315,7 @@ class AggregatorService:
             policy_source=self._current_policies,
             policy_report=reconciler.latest if reconciler is not None else None,
             auth=self.settings.api_auth,
+            token_review=self._token_reviewer(),
         )
         if self.alerts is not None:
             add_alert_routes(app, engine=self.alerts)
@@ -312,6 +327,15 @@ class AggregatorService:
         self.api_url = f"http://{_url_host(host)}:{port}"
         log.info("API listening on %s", self.api_url)
         return runner
+
+    def _token_reviewer(self) -> TokenReviewer | None:
+        review = self.settings.api_token_review
+        if review is None:
+            return None
+        if self._kube is None:
+            raise SettingsError("API TokenReview needs a Kubernetes API server (settings.kube)")
+        self.token_reviewer = TokenReviewer(self._kube.review_token, review, clock=time.monotonic)
+        return self.token_reviewer
 
     async def _track_nodes(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -112,13 +112,18 @@ class SnapshotWriter:
                 await self._kv.put(subjects.node_token(node), encode(stored))
             except (TimeoutError, JetStreamError, OSError) as exc:
                 self._metrics.kv_write_errors.labels(subjects.KV_NODES).inc()
+                # A full or missing bucket fails every node on every retry: warn once
+                # per episode, the rest is in the metric and at debug level.
+                level = logging.WARNING if self.healthy else logging.DEBUG
+                log.log(level, "KV write for node %s failed: %s", node, exc)
                 self.healthy = False
                 self.last_error = f"KV write for node {node} failed: {exc}"
-                log.warning("%s", self.last_error)
                 # Keep it pending unless a newer snapshot arrived meanwhile.
                 self._pending.setdefault(node, stored)
                 continue
             self._metrics.kv_writes.labels(subjects.KV_NODES).inc()
         if not self._pending:
+            if not self.healthy:
+                log.info("KV writes to %s work again", subjects.KV_NODES)
             self.healthy = True
             self.last_error = None

@@ -1,5 +1,5 @@
 """Helpers of the fault tests: an alert recorder backed by a JetStream stream, snapshot
-comparison with what the agent reads from its tree, and a subprocess aggregator.
+comparison with what the agent reads from its tree, and subprocess aggregators and agents.
 
 The recorder is a file-backed stream on `nicfleet.v1.alert.>`, so it counts every alert
 the server accepted even while a core subscriber would be reconnecting.
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -116,3 +118,94 @@ class AggregatorProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class AgentProcess:
+    """`python -m agent run` on a lab tree as a child process, its device plugin (legacy
+    registration) on `plugin_dir` and metrics on a free port; `kill()` is SIGKILL."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        root: Path,
+        node: str,
+        *,
+        work: Path,
+        plugin_dir: Path | None = None,
+        config: Path | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.log = work / f"agent-{node}.log"
+        self._args = [
+            sys.executable, "-m", "agent", "run",
+            "--nats-url", nats_url,
+            "--sysfs-root", str(root),
+            "--node-name", node,
+            "--no-netlink", "--verbs", "off",
+            "--counter-interval", "0.2",
+            "--metrics-addr", "127.0.0.1:0",
+            *extra,
+        ]  # fmt: skip
+        if plugin_dir is not None:
+            self._args += [
+                "--device-plugin-dir", str(plugin_dir),
+                "--plugins-registry-dir", str(plugin_dir.parent / "no-registry"),
+                "--registration-mode", "legacy",
+            ]  # fmt: skip
+            self._args += ["--device-plugin-config", str(config)] if config else ["--device-plugin"]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
+
+    def start(self) -> AgentProcess:
+        self._log_start = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self._args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+        return self
+
+    def output(self) -> str:
+        """This run's log (earlier runs share the file)."""
+        with self.log.open("rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
+
+    def metrics_url(self) -> str | None:
+        """Set once this run logged its metrics address."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"agent exited: {self.output()[-2000:]}")
+        found = re.search(r"serving metrics on (\S+)", self.output())
+        return found.group(1) if found else None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def stalled_subscriber(port: int, name: str, subject: str = ALERTS) -> socket.socket:
+    """A raw NATS client named `name` that subscribes to `subject` and never reads again."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.recv(4096)  # INFO
+    connect = json.dumps({"verbose": False, "name": name})
+    sock.sendall(f"CONNECT {connect}\r\nSUB {subject} 1\r\nPING\r\n".encode())
+    sock.recv(4096)  # PONG: subscribed; from here on nothing is read
+    return sock
+
+
+def free_port() -> int:
+    """A loopback port free right now (for a server flag that wants a number)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -65,8 +65,9 @@ def test_parse_acs_control(config: bytes, expected: int | None) -> None:
     [
         pytest.param(b"", "only 0 bytes", id="empty"),
         pytest.param(image(size=40), "only 40 bytes", id="shorter-than-header"),
-        pytest.param(image(size=64), "truncated to 64 bytes", id="unprivileged-read"),
-        pytest.param(image(size=128), "truncated to 128 bytes", id="cardbus-unprivileged"),
+        pytest.param(image(size=64), "needs CAP_SYS_ADMIN", id="unprivileged-read"),
+        pytest.param(image(size=128), "needs CAP_SYS_ADMIN", id="cardbus-unprivileged"),
+        pytest.param(image(size=100), "truncated to 100 bytes", id="cut-mid-header"),
         pytest.param(image((0x100, AER, 0x200, b""), size=0x180), "capability at 0x200",
                      id="next-past-the-data"),
         pytest.param(image((0x100, AER, 0x100, b"")), "loops", id="points-to-itself"),
@@ -111,3 +112,15 @@ def test_random_capability_headers_terminate(headers: list[int]) -> None:
     data = bytes(256) + b"".join(h.to_bytes(4, "little") for h in headers)
     with contextlib.suppress(ParseError):
         pciconfig.find_ext_capability(data.ljust(4096, b"\0"), ACS)
+
+
+@pytest.mark.parametrize(
+    ("size", "header_only"),
+    [(64, True), (128, True), (63, False), (65, False), (127, False), (255, False)],
+)
+def test_only_an_unprivileged_read_size_is_header_only(size: int, header_only: bool) -> None:
+    """HeaderOnly is the type callers report as missing privilege; other truncations
+    stay plain ParseErrors (a broken file, not a permission)."""
+    with pytest.raises(ParseError) as raised:
+        pciconfig.parse_acs_control(image((0x100, ACS, 0, acs_body(0x1D)))[:size])
+    assert isinstance(raised.value, pciconfig.HeaderOnly) is header_only

@@ -1,0 +1,142 @@
+"""Who may do what on nicfleet's NATS: the permission set of each role, and the
+nats-server authorization config that grants them to NKey users.
+
+Pure: takes public keys (never seeds) and returns data or JSON text. An agent may publish
+only its own node subjects and watch only its own key of `nicfleet-config`; the
+aggregator may never publish node subjects; anonymous clients are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from proto import subjects
+
+CONFIG_STREAM = f"KV_{subjects.KV_CONFIG}"
+NODE_SUBJECTS = f"{subjects.PREFIX}.node.>"
+
+
+class Role(StrEnum):
+    AGENT = "agent"
+    AGGREGATOR = "aggregator"
+    OBSERVER = "observer"  # reads alerts only, e.g. an alert consumer
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish_allow: tuple[str, ...] = ()
+    publish_deny: tuple[str, ...] = ()
+    subscribe_allow: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+
+    def as_config(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {}
+        for direction, allow, deny in (
+            ("publish", self.publish_allow, self.publish_deny),
+            ("subscribe", self.subscribe_allow, self.subscribe_deny),
+        ):
+            part: dict[str, list[str]] = {}
+            if allow:
+                part["allow"] = list(allow)
+            if deny:
+                part["deny"] = list(deny)
+            doc[direction] = part
+        return doc
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One NKey user: its role, the node it speaks for (agents only), its public key."""
+
+    role: Role
+    public_key: str
+    node: str | None = None
+
+
+def agent_permissions(node: str) -> Permissions:
+    """Publish its own node subjects; read its own desired-config key; own inbox only.
+
+    The watch creates a *named, filtered* consumer, whose create subject carries the
+    filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`), so the server can tell one
+    node's key from another's; an unnamed create would have to be allowed for all keys.
+    """
+    token = subjects.node_token(node)
+    return Permissions(
+        publish_allow=(
+            f"{subjects.PREFIX}.node.{token}.>",
+            f"$JS.API.STREAM.INFO.{CONFIG_STREAM}",
+            f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.*.$KV.{subjects.KV_CONFIG}.{token}",
+        ),
+        subscribe_allow=(f"_INBOX.{token}.>",),
+    )
+
+
+def aggregator_permissions() -> Permissions:
+    """JetStream (KV buckets, leases), alerts and its inbox; never an agent's subjects."""
+    return Permissions(
+        publish_allow=(
+            "$JS.API.>",
+            "$KV.>",
+            "$JS.ACK.>",
+            "$JS.FC.>",
+            f"{subjects.PREFIX}.alert.>",
+        ),
+        publish_deny=(NODE_SUBJECTS,),
+        subscribe_allow=(NODE_SUBJECTS, "_INBOX.>"),
+    )
+
+
+def observer_permissions() -> Permissions:
+    return Permissions(publish_deny=(">",), subscribe_allow=(subjects.ALERT_WILDCARD,))
+
+
+def permissions_for(identity: Identity) -> Permissions:
+    if identity.role is Role.AGENT:
+        if identity.node is None:
+            raise ValueError("an agent identity needs its node")
+        return agent_permissions(identity.node)
+    if identity.role is Role.AGGREGATOR:
+        return aggregator_permissions()
+    return observer_permissions()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerTls:
+    """Server side of TLS; `verify` requires every client to present a certificate."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+    verify: bool = True
+
+
+def render_server_config(identities: tuple[Identity, ...], *, tls: ServerTls | None = None) -> str:
+    """A nats-server config (JSON syntax) with one NKey user per identity.
+
+    There is no `no_auth_user`, so a client without valid credentials is refused.
+    """
+    if not identities:
+        raise ValueError("no identities: the server would refuse everybody")
+    keys = [i.public_key for i in identities]
+    if len(set(keys)) != len(keys):
+        raise ValueError("the same public key is listed twice")
+    for identity in identities:
+        if not (identity.public_key.startswith("U") and len(identity.public_key) == 56):
+            raise ValueError(f"{identity.public_key!r} is not an NKey user public key")
+    users = [
+        {"nkey": i.public_key, "permissions": permissions_for(i).as_config()}
+        for i in sorted(identities, key=lambda i: (i.role, i.node or "", i.public_key))
+    ]
+    doc: dict[str, Any] = {"authorization": {"users": users}}
+    if tls is not None:
+        block: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file)}
+        if tls.ca_file is not None:
+            block["ca_file"] = str(tls.ca_file)
+        block["verify"] = tls.verify
+        block["timeout"] = 2
+        doc["tls"] = block
+    return json.dumps(doc, indent=2) + "\n"

@@ -1,0 +1,307 @@
+"""The OpenAPI 3.1 document of the aggregator's HTTP API, built from its route table.
+
+Pure: `openapi_document` maps each registered `(method, path)` to its description in
+`OPERATIONS`; response schemas come from the msgspec Structs the handlers encode, plus the
+API's own JSON shapes written out here. No I/O; the route table is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from aggregator.api_alerts import SEVERITIES, STATUSES
+from aggregator.api_chain import MAX_RESOURCE_LENGTH, ResourceList
+from aggregator.apiauth import METRICS_PATH, OPEN_PATHS
+from aggregator.fleet import NODE_STATES, NodeDetail, NodeSummary
+from aggregator.httperrors import ErrorBody
+from aggregator.reconciler import ReconcileReport
+from aggregator.rules.finding import Finding
+from aggregator.trace import Trace
+from proto.messages import Alert
+from proto.policy import Policy
+
+Schema = dict[str, Any]
+OPENAPI_PATH: Final = "/api/v1/openapi.json"
+JSON: Final = "application/json"
+METRICS_TYPE: Final = "text/plain; version=0.0.4"
+SSE_TYPE: Final = "text/event-stream"
+_STRUCTS: Final = (NodeSummary, NodeDetail, ResourceList, Trace, Finding, Alert, ErrorBody)
+# RFC 1123 subdomain (proto.subjects.validate_node_name) and the resource-name format.
+_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+NODE_NAME: Final[Schema] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 253,
+    "pattern": rf"^{_LABEL}(\.{_LABEL})*$",
+}
+RESOURCE_NAME: Final[Schema] = {
+    "type": "string",
+    "minLength": 3,
+    "maxLength": MAX_RESOURCE_LENGTH,
+    "pattern": rf"^{_LABEL}(\.{_LABEL})*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    "examples": ["rdma/ib"],
+}
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _array(items: Schema) -> Schema:
+    return {"type": "array", "items": items}
+
+
+def _object(required: Iterable[str], **properties: Schema) -> Schema:
+    return {"type": "object", "required": list(required), "properties": properties}
+
+
+def _json(description: str, schema: Schema) -> Schema:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _error(description: str) -> Schema:
+    return _json(description, _ref("ErrorBody"))
+
+
+def _query(name: str, schema: Schema, description: str, *, required: bool = False) -> Schema:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "schema": schema,
+        "description": description,
+    }
+
+
+INT: Final[Schema] = {"type": "integer"}
+NUMBER: Final[Schema] = {"type": "number"}
+STRING: Final[Schema] = {"type": "string"}
+BAD_QUERY: Final = "A bad, unknown, repeated or (where required) missing query parameter."
+ALERT_NODE = _query(
+    "node", {"anyOf": [{"const": "_fleet"}, NODE_NAME]}, "Node name; `_fleet` for fleet-wide."
+)
+ALERT_RULE = _query("rule", {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"}, "Rule id.")
+ALERT_SEVERITY = _query("severity", {"enum": list(SEVERITIES)}, "Severity.")
+NODE_LIST: Final = _object(
+    ("items", "count", "total", "offset", "limit"),
+    items=_array(_ref("NodeSummary")),
+    count=INT,
+    total=INT,
+    offset=INT,
+    limit={"anyOf": [INT, {"type": "null"}]},
+)
+POLICY_VIEW: Final = _object(
+    ("items", "count"),
+    items=_array(_ref("Policy")),
+    count=INT,
+    leader={"type": "boolean"},
+    reconciled_at=NUMBER,
+    statuses=_array(_ref("PolicyStatus")),
+    nodes=_array(_ref("NodePlan")),
+    conflicts=_array(_ref("Conflict")),
+    errors=_array(STRING),
+)
+FINDINGS: Final = _object(
+    ("items", "count", "evaluated_at"),
+    items=_array(_ref("Finding")),
+    count=INT,
+    evaluated_at={"anyOf": [NUMBER, {"type": "null"}]},
+)
+ALERTS: Final = _object(
+    ("items", "count", "last_event_id"),
+    items=_array(_ref("Alert")),
+    count=INT,
+    last_event_id=INT,
+)
+
+# Every GET the aggregator may serve, by path template (aiohttp's `canonical`).
+OPERATIONS: Final[Mapping[str, Schema]] = {
+    "/healthz": {
+        "summary": "Liveness probe.",
+        "responses": {"200": _json("Alive.", _object(("status",), status={"const": "ok"}))},
+    },
+    "/readyz": {
+        "summary": "Readiness probe: NATS connected, KV bound, initial state loaded.",
+        "responses": {
+            "200": _json(
+                "Ready.",
+                _object(("status", "reason"), status={"const": "ready"}, reason=STRING),
+            ),
+            "503": _error("Not ready; the message says why."),
+        },
+    },
+    METRICS_PATH: {
+        "summary": "Prometheus metrics (text exposition format 0.0.4).",
+        "responses": {
+            "200": {"description": "Metrics.", "content": {METRICS_TYPE: {"schema": STRING}}}
+        },
+    },
+    OPENAPI_PATH: {
+        "summary": "This document.",
+        "responses": {"200": _json("The OpenAPI document.", {"type": "object"})},
+    },
+    "/api/v1/nodes": {
+        "summary": "Node summaries, sorted by name.",
+        "parameters": [
+            _query("state", {"enum": list(NODE_STATES)}, "Only nodes in this state."),
+            _query("limit", {**INT, "minimum": 0, "maximum": 999_999_999}, "Page size."),
+            _query("offset", {**INT, "minimum": 0, "maximum": 999_999_999}, "Page start."),
+        ],
+        "responses": {"200": _json("A page of nodes.", NODE_LIST), "400": _error(BAD_QUERY)},
+    },
+    "/api/v1/nodes/{node}": {
+        "summary": "One node: summary, snapshot, counters, device-plugin status, events.",
+        "parameters": [
+            {
+                "name": "node",
+                "in": "path",
+                "required": True,
+                "schema": NODE_NAME,
+                "examples": {"node": {"value": "gpu-001"}},
+            }
+        ],
+        "responses": {
+            "200": _json("The node.", _ref("NodeDetail")),
+            "400": _error("The node name is not a DNS-1123 subdomain."),
+            "404": _error("No such node; `suggestions` holds close names."),
+        },
+    },
+    "/api/v1/policy": {
+        "summary": "Effective policies; with a reconciler also its per-node plan and errors.",
+        "responses": {"200": _json("Policies.", POLICY_VIEW)},
+    },
+    "/api/v1/findings": {
+        "summary": "Current findings of the rule engine.",
+        "parameters": [ALERT_NODE, ALERT_RULE, ALERT_SEVERITY],
+        "responses": {"200": _json("Findings.", FINDINGS), "400": _error(BAD_QUERY)},
+    },
+    "/api/v1/alerts": {
+        "summary": "Firing and recently resolved alerts.",
+        "parameters": [
+            ALERT_NODE,
+            ALERT_RULE,
+            ALERT_SEVERITY,
+            _query("status", {"enum": list(STATUSES)}, "Alert state."),
+        ],
+        "responses": {"200": _json("Alerts.", ALERTS), "400": _error(BAD_QUERY)},
+    },
+    "/api/v1/alerts/stream": {
+        "summary": "Server-Sent Events: a `resync` event, then one `alert` event per change.",
+        "parameters": [
+            ALERT_NODE,
+            ALERT_RULE,
+            ALERT_SEVERITY,
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"},
+                "description": "Resume after this event id (sent by EventSource clients).",
+            },
+        ],
+        "responses": {
+            "200": {
+                "description": "An endless event stream (`retry`, `resync`, `alert`, keepalives).",
+                "content": {SSE_TYPE: {"schema": STRING}},
+            },
+            "400": _error(BAD_QUERY),
+        },
+    },
+    "/api/v1/resources": {
+        "summary": "Extended resources: advertised, healthy and allocatable per node.",
+        "parameters": [
+            _query("node", NODE_NAME, "Only this node."),
+            _query("name", RESOURCE_NAME, "Only this resource."),
+        ],
+        "responses": {"200": _json("Resources.", _ref("ResourceList")), "400": _error(BAD_QUERY)},
+    },
+    "/api/v1/trace": {
+        "summary": "The chain adapter → device plugin → kubelet → pods for one resource.",
+        "parameters": [
+            _query("node", NODE_NAME, "The node.", required=True),
+            _query("resource", RESOURCE_NAME, "The extended resource.", required=True),
+        ],
+        "responses": {
+            "200": _json("The trace.", _ref("Trace")),
+            "400": _error(BAD_QUERY),
+            "404": _error("Unknown node or resource; `suggestions` holds close names."),
+        },
+    },
+}
+
+
+class UndocumentedRoute(LookupError):
+    """A registered route with no entry in `OPERATIONS`."""
+
+
+def documented(method: str, path: str) -> bool:
+    return method == "GET" and path in OPERATIONS
+
+
+def openapi_document(
+    routes: Iterable[tuple[str, str]],
+    *,
+    version: str,
+    secured: bool,
+    metrics_public: bool = False,
+    token_review: bool = False,
+) -> Schema:
+    """The document for `routes` (method, path template); HEAD twins of GETs are implied.
+
+    `secured`: bearer tokens are configured, so every path but the open ones answers 401
+    without one; with `token_review` also 403 (no configured group) and 503 (TokenReview
+    unavailable). Raises `UndocumentedRoute` for a route `OPERATIONS` does not describe.
+    """
+    paths: dict[str, Schema] = {}
+    for method, path in sorted(set(routes)):
+        if method == "HEAD":
+            continue
+        if not documented(method, path):
+            raise UndocumentedRoute(f"{method} {path} has no OpenAPI description")
+        operation: Schema = {"operationId": _operation_id(path), **OPERATIONS[path]}
+        if secured and _is_open(path, metrics_public=metrics_public):
+            operation["security"] = []
+        elif secured:
+            responses = dict(operation["responses"])
+            responses["401"] = _error("No bearer token, or an unknown one.")
+            if token_review:
+                responses["403"] = _error("TokenReview: the identity is in no configured group.")
+                responses["503"] = _error("TokenReview could not answer; retry later.")
+            operation["responses"] = responses
+        paths[path] = {"get": operation}
+    _, components = msgspec.json.schema_components(
+        (*_STRUCTS, ReconcileReport, Policy), ref_template="#/components/schemas/{name}"
+    )
+    components_doc: Schema = {"schemas": dict(sorted(components.items()))}
+    doc: Schema = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "nicfleet aggregator API",
+            "version": version,
+            "description": "Errors are `{error: {code, message, field?, suggestions?}}`.",
+        },
+        "paths": paths,
+        "components": components_doc,
+    }
+    if secured:
+        components_doc["securitySchemes"] = {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "A read or admin token from the aggregator's token file.",
+            }
+        }
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+def _is_open(path: str, *, metrics_public: bool) -> bool:
+    return path in OPEN_PATHS or (metrics_public and path == METRICS_PATH)
+
+
+def _operation_id(path: str) -> str:
+    words = path.replace("/api/v1/", "").strip("/").replace(".", "-")
+    return "get-" + "-".join(w.strip("{}") for w in words.split("/"))

@@ -1,0 +1,220 @@
+"""API tokens checked by Kubernetes TokenReview: pure `result_from_review`/`decide` (identity
++ settings → scope or refusal), a bounded TTL cache keyed by the token's SHA-256, and
+`TokenReviewer`: one review per token at a time through an injected `review` function. Fails
+closed (a KubeError is `Unavailable`, a 503); no token is kept, logged or shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from aggregator.errors import KubeError
+
+Scope = Literal["read", "admin"]
+DEFAULT_READ_GROUPS: Final = ("nicfleet:readers",)
+DEFAULT_ADMIN_GROUPS: Final = ("nicfleet:admins",)
+RBAC_HINT: Final = (
+    " (the aggregator needs 'create' on tokenreviews.authentication.k8s.io,"
+    " e.g. the ClusterRole system:auth-delegator)"
+)
+
+Review = Callable[[str, tuple[str, ...]], Awaitable["TokenReviewResult"]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenReviewResult:
+    """`status` of one TokenReview as the API server answered it."""
+
+    authenticated: bool
+    username: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    audiences: tuple[str, ...] = ()
+    error: str = ""  # the authenticator's reason when not authenticated
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewSettings:
+    """Who gets which scope (admin implies read) and how long answers are trusted."""
+
+    read_groups: tuple[str, ...] = DEFAULT_READ_GROUPS
+    admin_groups: tuple[str, ...] = DEFAULT_ADMIN_GROUPS
+    read_users: tuple[str, ...] = ()
+    admin_users: tuple[str, ...] = ()
+    audiences: tuple[str, ...] = ()  # () : tokens for the API server's own audience
+    positive_ttl_s: float = 60.0  # authenticated answers (allowed or forbidden)
+    negative_ttl_s: float = 10.0  # unauthenticated answers
+    max_entries: int = 4096
+    max_concurrent_reviews: int = 16
+
+
+@dataclass(frozen=True)
+class Allowed:
+    scope: Scope
+    username: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """401 (`unauthenticated`) or 403 (`forbidden`); `message` names the user, never the token."""
+
+    kind: Literal["unauthenticated", "forbidden"]
+    message: str
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The review could not be made (API server down, RBAC missing): a 503, not cached."""
+
+    message: str
+
+
+Decision = Allowed | Refused | Unavailable
+
+
+def result_from_review(raw: Any) -> TokenReviewResult:
+    """The `status` of a TokenReview object; ValueError when it is not one."""
+    if not isinstance(raw, dict):
+        raise ValueError("answer is not an object")
+    status = raw.get("status")
+    if not isinstance(status, dict):
+        raise ValueError("answer has no status")
+    user = status.get("user") or {}
+    if not isinstance(user, dict):
+        raise ValueError("status.user is not an object")
+    return TokenReviewResult(
+        authenticated=status.get("authenticated") is True,
+        username=_text(user.get("username")),
+        uid=_text(user.get("uid")),
+        groups=_texts(user.get("groups")),
+        audiences=_texts(status.get("audiences")),
+        error=_text(status.get("error")),
+    )
+
+
+def decide(result: TokenReviewResult, settings: ReviewSettings) -> Allowed | Refused:
+    """The scope a reviewed identity gets, or why it gets none."""
+    if not result.authenticated or not result.username:
+        why = f": {result.error}" if result.error else ""
+        return Refused("unauthenticated", f"invalid bearer token (TokenReview{why})")
+    wanted = settings.audiences
+    # An empty status.audiences means "valid for the API server" — not for us when we asked.
+    if wanted and not set(wanted) & set(result.audiences):
+        return Refused("unauthenticated", f"token is not issued for audience {' or '.join(wanted)}")
+    groups = set(result.groups)
+    if result.username in settings.admin_users or groups & set(settings.admin_groups):
+        return Allowed("admin", result.username)
+    if result.username in settings.read_users or groups & set(settings.read_groups):
+        return Allowed("read", result.username)
+    allowed = sorted({*settings.read_groups, *settings.admin_groups})
+    return Refused(
+        "forbidden",
+        f"authenticated as {result.username} but not allowed: "
+        f"not in any of the groups {allowed} nor a listed user",
+    )
+
+
+def token_key(token: str) -> bytes:
+    """The cache key of a token: its SHA-256, so the cache never holds the token itself."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+@dataclass
+class ReviewCache:
+    """Decisions by token key until they expire; the oldest entries go first when full."""
+
+    max_entries: int
+    _entries: OrderedDict[bytes, tuple[float, Allowed | Refused]] = field(
+        default_factory=OrderedDict, repr=False
+    )
+
+    def get(self, key: bytes, now: float) -> Allowed | Refused | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        expires, decision = found
+        if now >= expires:
+            del self._entries[key]
+            return None
+        return decision
+
+    def put(self, key: bytes, decision: Allowed | Refused, expires: float) -> None:
+        self._entries[key] = (expires, decision)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class TokenReviewer:
+    """Decides bearer tokens via `review`: cached, one call per token at a time, bounded."""
+
+    def __init__(
+        self,
+        review: Review,
+        settings: ReviewSettings,
+        *,
+        clock: Callable[[], float],  # monotonic seconds
+    ) -> None:
+        self._review = review
+        self.settings = settings
+        self._clock = clock
+        self.cache = ReviewCache(settings.max_entries)
+        self._inflight: dict[bytes, asyncio.Future[Decision]] = {}
+        self._slots = asyncio.Semaphore(settings.max_concurrent_reviews)
+        self.reviews = 0  # calls made to `review`
+
+    def __repr__(self) -> str:
+        return f"TokenReviewer(cached={len(self.cache)}, inflight={len(self._inflight)})"
+
+    async def authenticate(self, token: str) -> Decision:
+        key = token_key(token)
+        cached = self.cache.get(key, self._clock())
+        if cached is not None:
+            return cached
+        pending = self._inflight.get(key)
+        if pending is not None:  # someone is already asking about this token: wait for it
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        decision: Decision = Unavailable("token review interrupted")
+        try:
+            decision = await self._ask(token)
+        finally:
+            del self._inflight[key]
+            future.set_result(decision)
+        if not isinstance(decision, Unavailable):
+            ttl = (
+                self.settings.negative_ttl_s
+                if isinstance(decision, Refused) and decision.kind == "unauthenticated"
+                else self.settings.positive_ttl_s
+            )
+            self.cache.put(key, decision, self._clock() + ttl)
+        return decision
+
+    async def _ask(self, token: str) -> Decision:
+        async with self._slots:
+            self.reviews += 1
+            try:
+                result = await self._review(token, self.settings.audiences)
+            except KubeError as exc:
+                hint = RBAC_HINT if exc.status in (401, 403) else ""
+                return Unavailable(f"cannot verify the token: {exc}{hint}")
+        return decide(result, self.settings)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(item for item in value if isinstance(item, str))

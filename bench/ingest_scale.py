@@ -1,0 +1,570 @@
+"""Benchmark (issue 8): how many nodes one aggregator ingests at 1 Hz, beside the ceiling.
+
+Per node count: a real nats-server on 127.0.0.1, the real aggregator as its own process
+(`python -m aggregator run`), a bare decode-only subscriber process (bench/bare_subscriber.py)
+and bench/loadgen.py. Reports applied msgs/s of both, lag at the start and end of the
+window, event->alert latency, aggregator RSS and CPU. Optional py-spy profile. Never a test.
+Run: .venv/bin/python bench/ingest_scale.py --nodes 1000 3000 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import nats
+from loadgen import LoadGen, LoadSpec, NodeShape, Templates, build_templates, spread_port_downs
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from proto.codec import decode  # noqa: E402
+from proto.messages import Alert  # noqa: E402
+
+PY: Final = sys.executable
+CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
+LAG_GROWTH_LIMIT_S: Final = 0.5  # lag end - lag start above this: not sustained
+ALERT_P99_LIMIT_S: Final = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def wait_for(check: Any, timeout: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+class Aggregator:
+    """`python -m aggregator run` on the given NATS; its /metrics, API and /proc figures."""
+
+    def __init__(self, nats_url: str, workdir: Path) -> None:
+        self.ready_file = workdir / "aggregator.ready"
+        self.log = (workdir / "aggregator.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "aggregator",
+                "run",
+                "--nats-url",
+                nats_url,
+                "--listen",
+                "127.0.0.1:0",
+                "--ready-file",
+                str(self.ready_file),
+            ],
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.api_url = ""
+
+    async def ready(self, http: aiohttp.ClientSession) -> None:
+        async def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aggregator exited with {self.proc.returncode}")
+            return self.ready_file.exists()
+
+        await wait_for(up, 60, "the aggregator's ready file")
+        self.api_url = json.loads(self.ready_file.read_text())["api_url"]
+
+    async def applied(self, http: aiohttp.ClientSession) -> dict[str, float]:
+        async with http.get(f"{self.api_url}/metrics") as resp:
+            text = await resp.text()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name in ("nicfleet_ingest_messages", "nicfleet_ingest_rejected"):
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        key = f"{family.name.rsplit('_', 1)[1]}:{sample.labels.get('kind')}"
+                        out[key] = out.get(key, 0.0) + sample.value
+        return out
+
+    async def lag(self, http: aiohttp.ClientSession, node: str) -> tuple[float, float] | None:
+        """(received_at - collected_at, now - collected_at) of the node's newest applied
+        batch (collected_at = send time): the processing lag and the age of what it shows."""
+        async with http.get(f"{self.api_url}/api/v1/nodes/{node}") as resp:
+            if resp.status != 200:
+                return None
+            doc = await resp.json()
+        counters, received = doc.get("counters"), doc.get("counters_received_at")
+        if not counters or received is None:
+            return None
+        sent = float(counters["collected_at"])
+        return float(received) - sent, time.time() - sent
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Bare:
+    """bench/bare_subscriber.py as a process; its JSON lines are kept as they arrive."""
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[dict[str, Any]] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, nats_url: str) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            PY,
+            str(REPO / "bench" / "bare_subscriber.py"),
+            "--nats-url",
+            nats_url,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        first = await asyncio.wait_for(self.proc.stdout.readline(), 30)
+        if not first or not json.loads(first).get("ready"):
+            raise RuntimeError("bare subscriber did not start")
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def counters(self) -> float:
+        return float(self.lines[-1]["counts"]["counters"]) if self.lines else 0.0
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await self.proc.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+async def nats_monitor(http: aiohttp.ClientSession, mon: int) -> dict[str, Any]:
+    base = f"http://127.0.0.1:{mon}"
+    async with http.get(f"{base}/varz") as resp:
+        varz = await resp.json(content_type=None)
+    async with http.get(f"{base}/connz") as resp:
+        connz = await resp.json(content_type=None)
+    pending = {c.get("name", ""): c.get("pending_bytes", 0) for c in connz.get("connections", [])}
+    return {"slow_consumers": varz.get("slow_consumers", 0), "pending_bytes": pending}
+
+
+def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
+    """py-spy --format raw (collapsed stacks) -> self and inclusive % per function."""
+    self_n: Counter[str] = Counter()
+    incl_n: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame(f) for f in stack.split(";") if f]
+        if frames:
+            self_n[frames[-1]] += count
+        for name in set(frames):
+            incl_n[name] += count
+
+    def share(counter: Counter[str]) -> list[dict[str, Any]]:
+        return [
+            {"function": k, "pct": round(100 * v / max(total, 1), 1)}
+            for k, v in counter.most_common(top)
+        ]
+
+    # Frames on (nearly) every stack — runpy, click, the event loop — say nothing.
+    for name in [k for k, v in incl_n.items() if v > 0.9 * total]:
+        del incl_n[name]
+    return {"samples": total, "self": share(self_n), "inclusive": share(incl_n)}
+
+
+def _frame(text: str) -> str:
+    """`fn (path/to/file.py:123)` -> `fn (to/file.py)` (line numbers merged)."""
+    name, _, where = text.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(Path(path).parts[-2:])})" if path else name
+
+
+async def measure(
+    nodes: int, args: argparse.Namespace, tpl: Templates, workdir: Path
+) -> dict[str, Any]:
+    mon = free_port()
+    settings = NatsServerSettings(store_dir=workdir / "nats", extra_args=("-m", str(mon)))
+    result: dict[str, Any] = {"nodes": nodes, "offered_msgs_s": nodes * args.hz}
+    with NatsServer(settings) as server:
+        agg = Aggregator(server.url, workdir)
+        bare = Bare()
+        gen: LoadGen | None = None
+        nc = await nats.connect(server.url, name="bench-harness")
+        alerts: dict[str, float] = {}
+
+        async def on_alert(msg: Any) -> None:
+            alert = decode(msg.data, Alert)
+            if alert.state == "firing":
+                alerts.setdefault(alert.node, time.time())
+
+        await nc.subscribe("nicfleet.v1.alert.critical.port-down.>", cb=on_alert)
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            try:
+                await agg.ready(http)
+                await bare.start(server.url)
+                rss0 = rss_kb(agg.proc.pid)
+                spec = LoadSpec(
+                    nats_url=server.url,
+                    nodes=nodes,
+                    processes=args.processes,
+                    duration_s=args.duration,
+                    hz=args.hz,
+                    shape=args.shape,
+                    port_down=spread_port_downs(
+                        nodes, args.port_downs, args.warmup, args.duration - 3
+                    ),
+                )
+                gen = LoadGen(spec, tpl)
+                t_snap = time.monotonic()
+                await asyncio.to_thread(gen.start)
+
+                async def snapshots_in() -> bool:
+                    return (await agg.applied(http)).get("messages:snapshot", 0) >= nodes
+
+                await wait_for(snapshots_in, args.snapshot_timeout, "every snapshot", 0.5)
+                result["snapshot_ingest_s"] = round(time.monotonic() - t_snap, 2)
+                rss_snap = rss_kb(agg.proc.pid)
+                t0 = gen.go()
+                samples = await sample(agg, bare, http, mon, t0, nodes, args)
+                load = await asyncio.to_thread(gen.finish)
+
+                async def drained() -> bool:  # applied stopped growing for 1 s
+                    before = (await agg.applied(http)).get("messages:counters", 0)
+                    await asyncio.sleep(1.0)
+                    return (await agg.applied(http)).get("messages:counters", 0) == before
+
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(drained, 30, "the aggregator to drain", 0.0)
+                final = await agg.applied(http)
+                result["nats_after"] = await nats_monitor(http, mon)
+                await asyncio.sleep(args.every)  # one more bare report line
+            finally:
+                if gen is not None:
+                    gen.stop()
+                await bare.stop()
+                agg.stop()
+                await nc.close()
+    result.update(analyse(samples, load, final, bare, alerts, t0, args))
+    result["rss_kb"] = {
+        "idle": rss0,
+        "after_snapshots": rss_snap,
+        "end": samples[-1]["rss_kb"] if samples else None,
+    }
+    end_rss = result["rss_kb"]["end"] or rss_snap
+    result["rss_per_node_kb"] = round((end_rss - rss0) / nodes, 1)
+    result["load"] = {k: v for k, v in load.items() if k != "events"}
+    profiled = [r["profile"] for r in samples if "profile" in r]
+    if profiled:
+        result["profile"] = profiled[0]
+    return result
+
+
+async def sample(
+    agg: Aggregator,
+    bare: Bare,
+    http: aiohttp.ClientSession,
+    mon: int,
+    t0: float,
+    nodes: int,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """One row per `every` seconds until the load ends; py-spy runs in the middle if asked."""
+    probes = [f"sim-{i:05d}" for i in (0, nodes // 3, 2 * nodes // 3, nodes - 1)]
+    rows: list[dict[str, Any]] = []
+    spy: asyncio.subprocess.Process | None = None
+    spy_out = Path(tempfile.mkdtemp(prefix="nicfleet-spy-")) / "profile.txt"
+    while time.time() < t0 + args.duration + 0.5:
+        await asyncio.sleep(args.every)
+        if args.profile_at == nodes and spy is None and time.time() >= t0 + args.warmup:
+            spy = await asyncio.create_subprocess_exec(
+                args.py_spy,
+                "record",
+                "--pid",
+                str(agg.proc.pid),
+                "--duration",
+                str(max(1, int(args.duration - args.warmup - 1))),
+                "--rate",
+                "100",
+                "--format",
+                "raw",
+                "--output",
+                str(spy_out),
+                "--nonblocking",
+                stdout=asyncio.subprocess.DEVNULL,
+            )
+        row: dict[str, Any] = {
+            "t": time.time(),
+            "rss_kb": rss_kb(agg.proc.pid),
+            "cpu_s": cpu_s(agg.proc.pid),
+        }
+        try:
+            row["applied"] = (await agg.applied(http)).get("messages:counters", 0)
+            lags = [await agg.lag(http, p) for p in probes]
+            row["lag_s"] = [lag[0] for lag in lags if lag is not None]
+            row["age_s"] = [lag[1] for lag in lags if lag is not None]
+        except (aiohttp.ClientError, TimeoutError):
+            row["api_timeout"] = True
+        row["bare"] = bare.counters()
+        row["bare_t"] = bare.lines[-1]["t"] if bare.lines else row["t"]
+        row["bare_lag_p50_s"] = bare.lines[-1].get("lag_p50_s") if bare.lines else None
+        row["bare_cpu_s"] = cpu_s(bare.proc.pid) if bare.proc else None
+        rows.append(row)
+    if spy is not None:
+        await spy.wait()
+        if spy_out.exists():
+            rows[-1]["profile"] = summarize_profile(spy_out)
+        else:
+            print(f"py-spy wrote no profile (exit {spy.returncode})", file=sys.stderr)
+        shutil.rmtree(spy_out.parent, ignore_errors=True)
+    return rows
+
+
+def analyse(
+    rows: list[dict[str, Any]],
+    load: dict[str, Any],
+    final: dict[str, float],
+    bare: Bare,
+    alerts: dict[str, float],
+    t0: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    start, end = t0 + args.warmup, t0 + args.duration
+    window = [r for r in rows if start <= r["t"] <= end and "applied" in r]
+    out: dict[str, Any] = {"window_s": None}
+    if len(window) >= 2:
+        a, b = window[0], window[-1]
+        dt = b["t"] - a["t"]
+        out["window_s"] = round(dt, 1)
+        out["aggregator_msgs_s"] = round((b["applied"] - a["applied"]) / dt)
+        out["bare_msgs_s"] = round((b["bare"] - a["bare"]) / max(b["bare_t"] - a["bare_t"], 0.1))
+        out["aggregator_cpu_pct"] = round(100 * (b["cpu_s"] - a["cpu_s"]) / dt)
+        if a["bare_cpu_s"] is not None:
+            out["bare_cpu_pct"] = round(100 * (b["bare_cpu_s"] - a["bare_cpu_s"]) / dt)
+        head = [x for r in window[:3] for x in r.get("lag_s", [])]
+        tail = [x for r in window[-3:] for x in r.get("lag_s", [])]
+        out["lag_start_s"] = round(statistics.median(head), 3) if head else None
+        out["lag_end_s"] = round(statistics.median(tail), 3) if tail else None
+        head = [x for r in window[:3] for x in r.get("age_s", [])]
+        tail = [x for r in window[-3:] for x in r.get("age_s", [])]
+        out["age_start_s"] = round(statistics.median(head), 3) if head else None
+        out["age_end_s"] = round(statistics.median(tail), 3) if tail else None
+        bare_lags = [r["bare_lag_p50_s"] for r in window if r["bare_lag_p50_s"] is not None]
+        out["bare_lag_start_s"] = bare_lags[0] if bare_lags else None
+        out["bare_lag_end_s"] = bare_lags[-1] if bare_lags else None
+    sent = load["counters"]
+    out["published"] = sent
+    out["aggregator_applied_total"] = final.get("messages:counters", 0)
+    out["aggregator_lost"] = sent - out["aggregator_applied_total"]
+    bare_total = bare.counters()
+    out["bare_lost"] = sent - bare_total
+    latencies = [alerts[node] - at for node, at in load["events"] if node in alerts]
+    out["alerts"] = {
+        "injected": len(load["events"]),
+        "seen": len(latencies),
+        "p50_ms": _ms(pct(latencies, 0.5)),
+        "p99_ms": _ms(pct(latencies, 0.99)),
+    }
+    if out.get("bare_msgs_s"):
+        out["ratio_aggregator_to_bare"] = round(out["aggregator_msgs_s"] / out["bare_msgs_s"], 2)
+    lag_ok = all(
+        out.get(k) is not None for k in ("lag_start_s", "lag_end_s", "age_start_s", "age_end_s")
+    )
+    lag_ok = lag_ok and out["lag_end_s"] - out["lag_start_s"] < LAG_GROWTH_LIMIT_S
+    lag_ok = lag_ok and out["age_end_s"] - out["age_start_s"] < LAG_GROWTH_LIMIT_S
+    alert_p99 = out["alerts"]["p99_ms"]
+    out["sustained"] = bool(
+        lag_ok
+        and out.get("aggregator_msgs_s", 0) >= 0.95 * load["nodes"] * args.hz
+        and out["aggregator_lost"] <= 0.01 * sent
+        and out["alerts"]["seen"] == out["alerts"]["injected"]
+        and (alert_p99 is None or alert_p99 < ALERT_P99_LIMIT_S * 1000)
+    )
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+MEDIAN_KEYS: Final = (
+    "aggregator_msgs_s",
+    "bare_msgs_s",
+    "ratio_aggregator_to_bare",
+    "rss_per_node_kb",
+    "aggregator_cpu_pct",
+    "bare_cpu_pct",
+)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    tpl = build_templates(args.shape)
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_at_start": os.getloadavg(),
+        },
+        "counter_bytes_per_msg": len(tpl.counters),
+        "snapshot_bytes": len(tpl.snapshot),
+        "hz": args.hz,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "points": [],
+    }
+    for nodes in args.nodes:
+        runs = []
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix="nicfleet-scale-") as tmp:
+                runs.append(await measure(nodes, args, tpl, Path(tmp)))
+        point = dict(runs[len(runs) // 2])
+        for key in MEDIAN_KEYS:
+            values = [r[key] for r in runs if r.get(key) is not None]
+            if values:
+                point[key] = statistics.median(values)
+        point["sustained"] = all(r["sustained"] for r in runs)
+        point["runs"] = runs if args.runs > 1 else None
+        results["points"].append(point)
+        print(row_text(point), file=sys.stderr, flush=True)
+        if args.stop_when_broken and not point["sustained"]:
+            break
+    ok = [p["nodes"] for p in results["points"] if p["sustained"]]
+    results["largest_sustained_nodes"] = max(ok) if ok else None
+    return results
+
+
+HEADER: Final = (
+    f"{'nodes':>6} {'offered':>8} {'agg/s':>7} {'bare/s':>7} {'ratio':>5} "
+    f"{'lag0':>6} {'lag1':>6} {'age0':>6} {'age1':>6} {'bare0':>6} {'bare1':>6} "
+    f"{'alert50':>8} {'alert99':>8} {'seen':>5} {'aggCPU':>6} {'KB/node':>7} {'lost':>7} "
+    f"{'slowC':>5} ok"
+)
+
+
+def row_text(p: dict[str, Any]) -> str:
+    def f(v: Any, w: int) -> str:
+        return f"{'-' if v is None else v:>{w}}"
+
+    al = p["alerts"]
+    return " ".join(
+        [
+            f(p["nodes"], 6),
+            f(p["offered_msgs_s"], 8),
+            f(p.get("aggregator_msgs_s"), 7),
+            f(p.get("bare_msgs_s"), 7),
+            f(p.get("ratio_aggregator_to_bare"), 5),
+            f(p.get("lag_start_s"), 6),
+            f(p.get("lag_end_s"), 6),
+            f(p.get("age_start_s"), 6),
+            f(p.get("age_end_s"), 6),
+            f(p.get("bare_lag_start_s"), 6),
+            f(p.get("bare_lag_end_s"), 6),
+            f(al["p50_ms"], 8),
+            f(al["p99_ms"], 8),
+            f(f"{al['seen']}/{al['injected']}", 5),
+            f(p.get("aggregator_cpu_pct"), 6),
+            f(p.get("rss_per_node_kb"), 7),
+            f(p.get("aggregator_lost"), 7),
+            f(p.get("nats_after", {}).get("slow_consumers"), 5),
+            "yes" if p["sustained"] else "NO",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000, 10000])
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of counters")
+    parser.add_argument("--warmup", type=float, default=8.0, help="seconds left out at start")
+    parser.add_argument("--hz", type=float, default=1.0)
+    parser.add_argument("--processes", type=int, default=2, help="load generator processes")
+    parser.add_argument("--port-downs", type=int, default=20, help="port-down events per point")
+    parser.add_argument("--runs", type=int, default=1, help="runs per point (median)")
+    parser.add_argument("--every", type=float, default=1.0, help="sampling interval (s)")
+    parser.add_argument("--snapshot-timeout", type=float, default=300.0)
+    parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
+    parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
+    parser.add_argument("--profile-at", type=int, help="py-spy the aggregator at this count")
+    parser.add_argument("--stop-when-broken", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+    args.shape = replace(NodeShape(), counters=args.counters, hw_counters=args.hw_counters)
+    args.py_spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
+    if not args.json:
+        print(HEADER, file=sys.stderr)
+    results = asyncio.run(main_async(args))
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+        return
+    print(
+        f"\ncounter batch {results['counter_bytes_per_msg']} B; largest sustained: "
+        f"{results['largest_sustained_nodes']} nodes"
+    )
+    for p in results["points"]:
+        if "profile" in p:
+            print(f"\nprofile at {p['nodes']} nodes ({p['profile']['samples']} samples), self %:")
+            for entry in p["profile"]["self"]:
+                print(f"  {entry['pct']:5.1f}  {entry['function']}")
+            print("inclusive %:")
+            for entry in p["profile"]["inclusive"]:
+                print(f"  {entry['pct']:5.1f}  {entry['function']}")
+
+
+if __name__ == "__main__":
+    main()

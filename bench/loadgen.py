@@ -1,0 +1,317 @@
+"""Load generator for issue 8: many simulated agents in a few processes, one NATS connection
+each. Every node publishes one realistic NodeSnapshot, then a CounterBatch (16 ports by
+default, built by the real agent code from a rendered synthetic lab node) at `hz`, phases
+spread evenly over the interval; chosen nodes publish a port-down LinkEvent at known
+offsets. `collected_at` / `observed_at` carry the send time (wall clock) so lag can be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import nats
+
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.counters import CounterReader  # noqa: E402
+from agent.inventory import collect_snapshot  # noqa: E402
+from agent.lab import faults  # noqa: E402
+from agent.lab.render import render  # noqa: E402
+from agent.lab.spec import with_node_name  # noqa: E402
+from agent.lab.synthetic import synthetic_spec  # noqa: E402
+from agent.rates import with_rates  # noqa: E402
+from agent.sysfs import Sysfs  # noqa: E402
+from proto import codec, subjects  # noqa: E402
+from proto.inventory import NodeSnapshot  # noqa: E402
+from proto.messages import CounterBatch, LinkEvent  # noqa: E402
+
+BATCH_SLEEP: Final = 0.002  # publish everything due within 2 ms in one go
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeShape:
+    """The synthetic lab node every simulated agent reports (8 dual-port cards = 16 ports)."""
+
+    adapters: int = 8
+    ports_per_adapter: int = 2
+    counters: int = 21  # PMA files per port (real mlx5 names)
+    hw_counters: int = 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadSpec:
+    nats_url: str
+    nodes: int
+    processes: int = 2
+    duration_s: float = 20.0  # of counter publishing
+    hz: float = 1.0
+    prefix: str = "sim"
+    shape: NodeShape = field(default_factory=NodeShape)
+    # (node index, seconds after the counter start) of each injected port-down event
+    port_down: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Templates:
+    snapshot: bytes  # encoded NodeSnapshot of node "tpl"
+    counters: bytes  # encoded CounterBatch (with rates) of node "tpl"
+    device: str  # first RDMA device: the port-down events target <device>/1
+
+
+def node_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:05d}"
+
+
+def spread_port_downs(
+    nodes: int, count: int, first_s: float, last_s: float
+) -> tuple[tuple[int, float], ...]:
+    """`count` events on distinct nodes spread over the node range, evenly in [first, last]."""
+    count = min(count, nodes)
+    if count <= 0:
+        return ()
+    step_t = (last_s - first_s) / max(count - 1, 1)
+    return tuple(
+        ((k * nodes) // count + nodes // (2 * count), first_s + k * step_t) for k in range(count)
+    )
+
+
+def build_templates(shape: NodeShape) -> Templates:
+    """Render one synthetic node, collect its snapshot and two counter rounds (so rates are
+    present) with the agent's own code, and encode them."""
+    spec = synthetic_spec(
+        shape.adapters, shape.ports_per_adapter, shape.hw_counters, shape.counters
+    )
+    with tempfile.TemporaryDirectory(prefix="nicfleet-loadgen-") as tmp:
+        root = Path(tmp) / "tpl"
+        render(with_node_name(spec, "tpl"), root)
+        sysfs = Sysfs(root)
+        now = time.time()
+        snap = collect_snapshot(sysfs, node="tpl", seq=1, now=now - 2, agent_version="loadgen")
+        device = snap.devices[0].name
+        with CounterReader(sysfs) as reader:
+            first = reader.collect(node="tpl", seq=1, now=now - 1)
+            faults.bump_counter(root, device, 1, "port_rcv_data", 123_456)
+            batch = with_rates(first, reader.collect(node="tpl", seq=2, now=now))
+    return Templates(snapshot=codec.encode(snap), counters=codec.encode(batch), device=device)
+
+
+@dataclass
+class WorkerStats:
+    worker: int
+    nodes: int
+    snapshots: int = 0
+    counters: int = 0
+    counter_bytes: int = 0
+    events: list[tuple[str, float]] = field(default_factory=list)  # (node, sent wall time)
+    late_ms: dict[str, float] = field(default_factory=dict)  # publish time after due time
+    errors: list[str] = field(default_factory=list)
+
+
+async def _run_worker(
+    spec: LoadSpec, worker: int, tpl: Templates, sent: Any, go: MpEvent, start_at: Any
+) -> WorkerStats:
+    mine = list(range(worker, spec.nodes, spec.processes))
+    names = [node_name(spec.prefix, i) for i in mine]
+    stats = WorkerStats(worker=worker, nodes=len(mine))
+    snap_t = codec.decode(tpl.snapshot, NodeSnapshot)
+    batch_t = codec.decode(tpl.counters, CounterBatch)
+    replace = msgspec.structs.replace
+
+    async def on_error(exc: Exception) -> None:
+        if len(stats.errors) < 20:
+            stats.errors.append(repr(exc))
+
+    nc = await nats.connect(
+        spec.nats_url, name=f"loadgen-{worker}", error_cb=on_error, pending_size=64 * 1024 * 1024
+    )
+    try:
+        for name in names:
+            snap = replace(snap_t, node=name, collected_at=time.time())
+            await nc.publish(subjects.node_subject(name, subjects.SNAPSHOT), codec.encode(snap))
+            stats.snapshots += 1
+        await nc.flush(timeout=60)
+        sent.put(worker)
+        await asyncio.to_thread(go.wait)
+        t0 = float(start_at.value)
+        downs = {mine.index(i): off for i, off in spec.port_down if i in mine}
+        counter_subjects = [subjects.node_subject(n, subjects.COUNTERS) for n in names]
+        period = 1.0 / spec.hz
+        late: list[float] = []
+        ticks = int(spec.duration_s * spec.hz)
+        for tick in range(ticks):
+            for j, name in enumerate(names):
+                due = t0 + tick * period + (mine[j] / spec.nodes) * period
+                now = time.time()
+                if due - now > BATCH_SLEEP:
+                    await asyncio.sleep(due - now)
+                    now = time.time()
+                late.append(max(0.0, now - due))
+                batch = replace(
+                    batch_t, node=name, seq=tick + 2, collected_at=now, interval_s=period
+                )
+                data = codec.encode(batch)
+                await nc.publish(counter_subjects[j], data)
+                stats.counters += 1
+                stats.counter_bytes += len(data)
+                off = downs.get(j)
+                if off is not None and tick * period <= off < (tick + 1) * period:
+                    stats.events.append((name, await _port_down(nc, name, tpl.device)))
+        await nc.flush(timeout=60)
+        if late:
+            late.sort()
+            stats.late_ms = {
+                "p50": round(statistics.median(late) * 1000, 1),
+                "p99": round(late[int(0.99 * (len(late) - 1))] * 1000, 1),
+                "max": round(late[-1] * 1000, 1),
+            }
+    finally:
+        await nc.close()
+    return stats
+
+
+async def _port_down(nc: Any, node: str, device: str) -> float:
+    now = time.time()
+    event = LinkEvent(
+        node=node,
+        seq=1,
+        kind="port-state",
+        device=device,
+        port=1,
+        old_state="ACTIVE",
+        new_state="DOWN",
+        phys_state="Disabled",
+        observed_at=now,
+    )
+    await nc.publish(subjects.node_subject(node, subjects.EVENT), codec.encode(event))
+    return now
+
+
+def _worker_main(
+    spec: LoadSpec,
+    worker: int,
+    tpl: Templates,
+    sent: Any,
+    go: MpEvent,
+    start_at: Any,
+    results: Any,
+) -> None:
+    try:
+        stats = asyncio.run(_run_worker(spec, worker, tpl, sent, go, start_at))
+    except Exception as exc:  # reported to the parent, which fails loudly
+        stats = WorkerStats(worker=worker, nodes=0, errors=[f"worker crashed: {exc!r}"])
+        sent.put(worker)
+    results.put(asdict(stats))
+
+
+class LoadGen:
+    """Start the workers (they publish snapshots), then `go()` starts the counters."""
+
+    def __init__(self, spec: LoadSpec, templates: Templates | None = None) -> None:
+        self.spec = spec
+        self.templates = templates or build_templates(spec.shape)
+        ctx = mp.get_context("spawn")
+        self._sent = ctx.Queue()
+        self._results = ctx.Queue()
+        self._go = ctx.Event()
+        self._start_at = ctx.Value("d", 0.0)
+        self._procs = [
+            ctx.Process(
+                target=_worker_main,
+                daemon=True,
+                args=(spec, w, self.templates, self._sent, self._go, self._start_at, self._results),
+            )
+            for w in range(spec.processes)
+        ]
+        self.start_at = 0.0
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Spawn the workers and return once every snapshot is published."""
+        for proc in self._procs:
+            proc.start()
+        for _ in self._procs:
+            self._sent.get(timeout=timeout)
+
+    def go(self, delay: float = 0.5) -> float:
+        self.start_at = self._start_at.value = time.time() + delay
+        self._go.set()
+        return self.start_at
+
+    def finish(self, timeout: float = 120.0) -> dict[str, Any]:
+        stats = [self._results.get(timeout=self.spec.duration_s + timeout) for _ in self._procs]
+        for proc in self._procs:
+            proc.join(timeout=10)
+        events = sorted((e for s in stats for e in s["events"]), key=lambda e: e[1])
+        return {
+            "nodes": self.spec.nodes,
+            "processes": self.spec.processes,
+            "hz": self.spec.hz,
+            "counter_bytes_per_msg": len(self.templates.counters),
+            "snapshot_bytes": len(self.templates.snapshot),
+            "snapshots": sum(s["snapshots"] for s in stats),
+            "counters": sum(s["counters"] for s in stats),
+            "counter_bytes": sum(s["counter_bytes"] for s in stats),
+            "events": events,
+            "late_ms_p99_worst": max((s["late_ms"].get("p99", 0.0) for s in stats), default=0),
+            "late_ms_max": max((s["late_ms"].get("max", 0.0) for s in stats), default=0),
+            "errors": [e for s in stats for e in s["errors"]],
+        }
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of counters")
+    parser.add_argument("--hz", type=float, default=1.0)
+    parser.add_argument("--port-downs", type=int, default=0, help="port-down events to inject")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+    spec = LoadSpec(
+        nats_url=args.nats_url,
+        nodes=args.nodes,
+        processes=args.processes,
+        duration_s=args.duration,
+        hz=args.hz,
+        port_down=spread_port_downs(args.nodes, args.port_downs, 1.0, args.duration - 1.0),
+    )
+    gen = LoadGen(spec)
+    try:
+        gen.start()
+        gen.go()
+        result = gen.finish()
+    finally:
+        gen.stop()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    rate = result["counters"] / spec.duration_s
+    print(
+        f"{result['nodes']} nodes, {rate:.0f} counter msgs/s of "
+        f"{result['counter_bytes_per_msg']} B, generator late p99 "
+        f"{result['late_ms_p99_worst']} ms, {len(result['events'])} port-down events, "
+        f"errors: {result['errors'] or 'none'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

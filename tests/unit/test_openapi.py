@@ -1,0 +1,153 @@
+"""The OpenAPI document: every registered route is documented and vice versa, the security
+section follows the token settings, and the document is valid OpenAPI 3.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pytest
+import schemathesis
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from aggregator import __version__
+from aggregator.alerts.delivery import Broker
+from aggregator.alerts.engine import AlertEngine, EngineSettings
+from aggregator.alerts.metrics import AlertMetrics
+from aggregator.api import ApiSettings, build_app
+from aggregator.api_alerts import add_alert_routes
+from aggregator.changes import ChangeFeed
+from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.fleet import Fleet
+from aggregator.openapi import OPERATIONS, UndocumentedRoute, openapi_document
+from aggregator.rules.finding import Finding
+from proto.policy import Policy
+
+Route = tuple[str, str]
+
+
+def _no_rules(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+) -> Sequence[Finding]:
+    return ()
+
+
+def full_app() -> web.Application:
+    """What AggregatorService serves: build_app plus the alert routes."""
+    fleet = Fleet()
+    app = build_app(
+        fleet=fleet, settings=ApiSettings(), readiness=lambda: (True, "ok"), clock=lambda: 0.0
+    )
+    engine = AlertEngine(
+        fleet=fleet,
+        changes=ChangeFeed().subscribe(),
+        evaluate=_no_rules,
+        policies=lambda: (),
+        cluster=lambda: NO_CLUSTER,
+        settings=EngineSettings(),
+        metrics=AlertMetrics.create(CollectorRegistry()),
+        broker=Broker(first_id=1),
+        clock=lambda: 0.0,
+    )
+    add_alert_routes(app, engine=engine)
+    return app
+
+
+def registered(app: web.Application) -> set[Route]:
+    return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+
+
+def document(routes: Iterable[Route], **kwargs: bool) -> dict[str, object]:
+    return openapi_document(
+        routes, version=__version__, secured=kwargs.pop("secured", False), **kwargs
+    )
+
+
+def test_every_registered_route_is_documented_and_vice_versa() -> None:
+    routes = registered(full_app())
+    gets = {path for method, path in routes if method == "GET"}
+    assert {method for method, _ in routes} == {"GET", "HEAD"}
+    assert {path for method, path in routes if method == "HEAD"} == gets  # aiohttp's twins
+    assert gets == set(OPERATIONS)
+    doc = document(routes)
+    paths = doc["paths"]
+    assert isinstance(paths, dict)
+    assert set(paths) == gets
+    assert all(set(ops) == {"get"} for ops in paths.values())
+
+
+def test_an_undocumented_route_fails_loudly() -> None:
+    with pytest.raises(UndocumentedRoute, match="GET /api/v1/new"):
+        document({("GET", "/healthz"), ("GET", "/api/v1/new")})
+    with pytest.raises(UndocumentedRoute, match="POST /api/v1/nodes"):
+        document({("POST", "/api/v1/nodes")})
+
+
+def test_open_api_has_no_security_section() -> None:
+    doc = document({("GET", p) for p in OPERATIONS})
+    assert "security" not in doc
+    assert "securitySchemes" not in doc["components"]  # type: ignore[operator]
+    for ops in doc["paths"].values():  # type: ignore[attr-defined]
+        assert "security" not in ops["get"]
+        assert "401" not in ops["get"]["responses"]
+
+
+@pytest.mark.parametrize("metrics_public", [False, True])
+def test_secured_api_declares_bearer_and_401(metrics_public: bool) -> None:
+    doc = document({("GET", p) for p in OPERATIONS}, secured=True, metrics_public=metrics_public)
+    assert doc["security"] == [{"bearer": []}]
+    schemes = doc["components"]["securitySchemes"]  # type: ignore[index]
+    assert schemes == {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": schemes["bearer"]["description"],
+        }
+    }
+    open_paths = {"/healthz", "/readyz"} | ({"/metrics"} if metrics_public else set())
+    for path, ops in doc["paths"].items():  # type: ignore[attr-defined]
+        get = ops["get"]
+        if path in open_paths:
+            assert get["security"] == [], path
+            assert "401" not in get["responses"], path
+        else:
+            assert "security" not in get, path
+            assert get["responses"]["401"]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/ErrorBody"
+            }
+
+
+@pytest.mark.parametrize("secured", [False, True])
+def test_document_is_valid_openapi_31_and_deterministic(secured: bool) -> None:
+    routes = registered(full_app())
+    doc = document(routes, secured=secured)
+    assert doc == document(sorted(routes, reverse=True), secured=secured)
+    assert doc["openapi"] == "3.1.0"
+    assert doc["info"]["version"] == __version__  # type: ignore[index]
+    schema = schemathesis.openapi.from_dict(doc)
+    schema.validate()  # against the OpenAPI 3.1 meta-schema
+    labels = {r.ok().label for r in schema.get_all_operations()}  # type: ignore[union-attr]
+    assert labels == {f"GET {path}" for path in OPERATIONS}
+    # Every $ref resolves to a component.
+    components = doc["components"]["schemas"]  # type: ignore[index]
+    assert all(ref.split("/")[-1] in components for ref in _refs(doc))
+
+
+def test_every_operation_declares_its_status_codes() -> None:
+    doc = document({("GET", p) for p in OPERATIONS})
+    codes = {p: set(ops["get"]["responses"]) for p, ops in doc["paths"].items()}  # type: ignore[attr-defined]
+    assert codes["/api/v1/nodes/{node}"] == {"200", "400", "404"}
+    assert codes["/api/v1/trace"] == {"200", "400", "404"}
+    assert codes["/readyz"] == {"200", "503"}
+    assert codes["/api/v1/policy"] == {"200"}
+    for path in ("/api/v1/nodes", "/api/v1/findings", "/api/v1/alerts", "/api/v1/resources"):
+        assert codes[path] == {"200", "400"}, path
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return found + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
