@@ -28,6 +28,7 @@ OPENAPI_PATH: Final = "/api/v1/openapi.json"
 JSON: Final = "application/json"
 METRICS_TYPE: Final = "text/plain; version=0.0.4"
 SSE_TYPE: Final = "text/event-stream"
+MAX_LINE: Final = 8190  # aiohttp's default max_line_size and max_field_size
 _STRUCTS: Final = (NodeSummary, NodeDetail, ResourceList, Trace, Finding, Alert, ErrorBody)
 # RFC 1123 subdomain (proto.subjects.validate_node_name) and the resource-name format.
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -262,6 +263,7 @@ def openapi_document(
         if not documented(method, path):
             raise UndocumentedRoute(f"{method} {path} has no OpenAPI description")
         operation: Schema = {"operationId": _operation_id(path), **OPERATIONS[path]}
+        operation["responses"] = _with_protocol_error(operation["responses"])
         if secured and _is_open(path, metrics_public=metrics_public):
             operation["security"] = []
         elif secured:
@@ -296,6 +298,16 @@ def openapi_document(
         }
         doc["security"] = [{"bearer": []}]
     return doc
+
+
+def _with_protocol_error(responses: Schema) -> Schema:
+    """aiohttp's HTTP layer refuses an oversize request line or header before any handler."""
+    declared = responses.get("400", {"description": "", "content": {}})
+    description = (declared["description"] + " " if declared["description"] else "") + (
+        f"A request line or header over {MAX_LINE} bytes is refused as plain text."
+    )
+    content = {**declared["content"], "text/plain": {"schema": STRING}}
+    return {**responses, "400": {"description": description, "content": content}}
 
 
 def _is_open(path: str, *, metrics_public: bool) -> bool:

@@ -58,6 +58,7 @@ class LoadSpec:
     processes: int = 2
     duration_s: float = 20.0  # of counter publishing
     hz: float = 1.0
+    snapshot_rate: float = 1000.0  # snapshots/s over all processes (agents start staggered)
     prefix: str = "sim"
     shape: NodeShape = field(default_factory=NodeShape)
     # (node index, seconds after the counter start) of each injected port-down event
@@ -138,7 +139,11 @@ async def _run_worker(
         spec.nats_url, name=f"loadgen-{worker}", error_cb=on_error, pending_size=64 * 1024 * 1024
     )
     try:
-        for name in names:
+        begin, gap = time.monotonic(), spec.processes / spec.snapshot_rate
+        for k, name in enumerate(names):
+            ahead = begin + k * gap - time.monotonic()
+            if ahead > BATCH_SLEEP:
+                await asyncio.sleep(ahead)
             snap = replace(snap_t, node=name, collected_at=time.time())
             await nc.publish(subjects.node_subject(name, subjects.SNAPSHOT), codec.encode(snap))
             stats.snapshots += 1

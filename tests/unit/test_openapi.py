@@ -135,13 +135,30 @@ def test_document_is_valid_openapi_31_and_deterministic(secured: bool) -> None:
 
 def test_every_operation_declares_its_status_codes() -> None:
     doc = document({("GET", p) for p in OPERATIONS})
-    codes = {p: set(ops["get"]["responses"]) for p, ops in doc["paths"].items()}  # type: ignore[attr-defined]
+    responses = {p: ops["get"]["responses"] for p, ops in doc["paths"].items()}  # type: ignore[attr-defined]
+    codes = {p: set(r) for p, r in responses.items()}
     assert codes["/api/v1/nodes/{node}"] == {"200", "400", "404"}
     assert codes["/api/v1/trace"] == {"200", "400", "404"}
-    assert codes["/readyz"] == {"200", "503"}
-    assert codes["/api/v1/policy"] == {"200"}
+    assert codes["/readyz"] == {"200", "400", "503"}
+    for path in ("/healthz", "/metrics", "/api/v1/policy", "/api/v1/openapi.json"):
+        assert codes[path] == {"200", "400"}, path
+        assert set(responses[path]["400"]["content"]) == {"text/plain"}, path
     for path in ("/api/v1/nodes", "/api/v1/findings", "/api/v1/alerts", "/api/v1/resources"):
         assert codes[path] == {"200", "400"}, path
+        assert set(responses[path]["400"]["content"]) == {"application/json", "text/plain"}
+    sse = responses["/api/v1/alerts/stream"]["200"]["content"]
+    assert set(sse) == {"text/event-stream"}
+    assert set(responses["/metrics"]["200"]["content"]) == {"text/plain; version=0.0.4"}
+
+
+def test_token_review_adds_403_and_503_to_protected_operations() -> None:
+    doc = document({("GET", p) for p in OPERATIONS}, secured=True, token_review=True)
+    for path, ops in doc["paths"].items():  # type: ignore[attr-defined]
+        codes = set(ops["get"]["responses"])
+        if path in ("/healthz", "/readyz"):
+            assert not codes & {"401", "403"}, path
+        else:
+            assert {"401", "403", "503"} <= codes, path
 
 
 def _refs(node: object) -> list[str]:
