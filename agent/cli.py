@@ -157,6 +157,14 @@ def _check_metrics_addr(
     help="Seconds between counter batches.",
 )
 @click.option(
+    "--counter-full-every",
+    type=click.IntRange(min=1),
+    default=30,
+    show_default=True,
+    help="Counter batches per full batch; the others carry only what changed since the "
+    "last full one (1: every batch full, for aggregators older than counter deltas).",
+)
+@click.option(
     "--state-poll-interval",
     type=click.FloatRange(min=0.01),
     default=None,
@@ -252,6 +260,7 @@ def run(
     verbs: str,
     verbs_path: Path | None,
     counter_interval: float,
+    counter_full_every: int,
     state_poll_interval: float | None,
     inventory_interval: float,
     netns: str | None,
@@ -288,6 +297,7 @@ def run(
         nats_url=nats_url,
         nats_security=nats_security,
         counter_interval=counter_interval,
+        counter_full_every=counter_full_every,
         state_poll_interval=state_poll_interval
         if state_poll_interval is not None
         else (0.05 if device_plugin_config is not None or device_plugin_enabled else 0.1),

@@ -1,7 +1,7 @@
 """The agent process: owns its tasks, the stop event and the order of things.
 
 Snapshots on start, reconnect, change and every `inventory_interval`; counter batches
-at a fixed interval; link events as netlink or the port poll see changes. Readers read,
+at a fixed interval (deltas between periodic full ones); link events as netlink or the port poll see changes. Readers read,
 pure modules decide, `publisher` sends; this module only schedules.
 """
 
@@ -19,6 +19,7 @@ import msgspec
 
 from agent import __version__
 from agent.changes import PortStates, diff_port_states
+from agent.counterdelta import DEFAULT_FULL_EVERY, DeltaEncoder
 from agent.counters import CounterReader
 from agent.desired import DesiredConfigWatcher, DesiredSettings
 from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
@@ -59,6 +60,9 @@ class AgentSettings:
     sysfs_root: Path
     nats_url: str
     counter_interval: float = 1.0
+    # Counter batches between two full ones; the others are deltas (agent.counterdelta).
+    # 1: every batch is full (for aggregators older than counter deltas).
+    counter_full_every: int = DEFAULT_FULL_EVERY
     # Port state files have no change notification; a dozen small reads every 100 ms
     # catch a port flip long before the next counter batch would.
     state_poll_interval: float = 0.1
@@ -104,6 +108,7 @@ class AgentService:
         )
         self._snapshot_seq = 0
         self._counter_seq = 0
+        self._deltas = DeltaEncoder(full_every=settings.counter_full_every)
         self._event_seq = 0
         self._states: PortStates | None = None  # None: no poll has succeeded yet
         self._netdevs: Netdevs = {}
@@ -154,6 +159,7 @@ class AgentService:
 
     async def _request_resync(self) -> None:
         self._resync.set()
+        self._deltas.resync()  # the next counter batch is a full one
         self._status_changed.set()  # the device-plugin status is re-sent too
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -301,7 +307,8 @@ class AgentService:
                 self.collect_seconds["counters"] = time.perf_counter() - started
                 self._counter_seq += 1
                 previous = batch = with_rates(previous, raw)
-                await self._publisher.publish(batch)
+                message = self._deltas.encode(batch)
+                self._deltas.sent(message, await self._publisher.publish(message))
             await _wait_any(stop, timeout=self.settings.counter_interval)
 
     async def _state_loop(self, stop: asyncio.Event) -> None:

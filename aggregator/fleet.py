@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Final, Literal, cast, get_args
+from typing import Final, Literal, TypeVar, cast, get_args
 
 import msgspec
 from msgspec.structs import replace
 
 from proto.inventory import NodeSnapshot, Port, PortStateName
-from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
+from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent, PortCounters
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
 MAX_EVENTS: Final = 50
 ACTIVE_STATES: Final[frozenset[str]] = frozenset({"ACTIVE", "ACTIVE_DEFER"})
+_V = TypeVar("_V", int, float)
 
 # IBTA port state / physical state codes, as the kernel prints them in sysfs ("4: ACTIVE").
 _STATE_CODES: Final[dict[str, int]] = {
@@ -111,6 +112,9 @@ class Fleet:
     def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
         self._records: dict[str, NodeRecord] = {}
         self.ignored = 0  # out-of-order or duplicate messages dropped
+        # The last full counter batch per node: what counter deltas are relative to.
+        self._counter_bases: dict[str, CounterBatch] = {}
+        self.unmatched_deltas = 0  # counter deltas whose full batch is not held (also ignored)
         for record in records:
             self.load(record)
 
@@ -167,17 +171,33 @@ class Fleet:
         )
 
     def apply_counters(self, batch: CounterBatch, received_at: float) -> NodeRecord:
-        """Store `batch` unless is_newer rejects it; `result.counters is batch` iff accepted."""
+        """Store `batch` unless is_newer rejects it; accepted iff `result.counters` is not
+        the previously stored object.
+
+        A full batch is stored as is and becomes the node's delta base. A delta
+        (`base_seq` set) is stored merged onto that base — the full batch the agent would
+        have sent — when the base held is the one it names; otherwise it is ignored
+        (counted in `unmatched_deltas`, the node kept fresh) until the next full batch.
+        """
         old = self._records.get(batch.node)
         stored = old.counters if old is not None else None
         if old is not None and stored is not None and not _newer(batch, stored):
             self.ignored += 1
             return old
+        if batch.base_seq is None:
+            self._counter_bases[batch.node] = batch
+            current: CounterBatch | None = batch
+        else:
+            current = merge_counter_delta(self._counter_bases.get(batch.node), batch)
         record = old or _new_record(batch.node, received_at)
+        if current is None:  # the node is alive all the same
+            self.ignored += 1
+            self.unmatched_deltas += 1
+            return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
         return self._store(
             replace(
                 record,
-                counters=batch,
+                counters=current,
                 counters_received_at=received_at,
                 last_seen=max(record.last_seen, received_at),
             )
@@ -234,6 +254,53 @@ class Fleet:
 
 def _newer(message: NodeSnapshot | CounterBatch, stored: NodeSnapshot | CounterBatch) -> bool:
     return is_newer(message.seq, message.collected_at, stored.seq, stored.collected_at)
+
+
+def merge_counter_delta(base: CounterBatch | None, delta: CounterBatch) -> CounterBatch | None:
+    """Pure: the full batch that `delta` stands for, or None when `base` is not the full
+    batch it names (missing, another seq) or `delta` lists a port that `base` lacks.
+
+    Like `is_newer`, a delta delayed across an agent restart may meet a new base of the
+    same seq; the next message corrects it.
+    """
+    if base is None or base.base_seq is not None or base.seq != delta.base_seq:
+        return None
+    changes = {(p.device, p.port): p for p in delta.ports}
+    ports = []
+    for port in base.ports:
+        change = changes.pop((port.device, port.port), None)
+        ports.append(port if change is None else _merge_port(port, change))
+    if changes:
+        return None
+    return replace(delta, ports=tuple(ports), base_seq=None)
+
+
+def _merge_port(base: PortCounters, change: PortCounters) -> PortCounters:
+    gone: dict[str, set[str]] = {}
+    for key in change.removed:
+        group, _, name = key.partition("/")
+        gone.setdefault(group, set()).add(name)
+    return replace(
+        change,
+        counters=_merged(base.counters, change.counters, gone.get("counters")),
+        counters_ext=_merged(base.counters_ext, change.counters_ext, gone.get("counters_ext")),
+        hw_counters=_merged(base.hw_counters, change.hw_counters, gone.get("hw_counters")),
+        rx_bytes=None if "rx_bytes" in gone else _or(change.rx_bytes, base.rx_bytes),
+        tx_bytes=None if "tx_bytes" in gone else _or(change.tx_bytes, base.tx_bytes),
+        rates=_merged(base.rates, change.rates, gone.get("rates")),
+        removed=(),
+    )
+
+
+def _merged(base: dict[str, _V], change: dict[str, _V], gone: set[str] | None) -> dict[str, _V]:
+    merged = base | change
+    for name in gone or ():
+        merged.pop(name, None)
+    return merged
+
+
+def _or(value: int | None, fallback: int | None) -> int | None:
+    return fallback if value is None else value
 
 
 def _new_record(name: str, received_at: float) -> NodeRecord:

@@ -176,7 +176,7 @@ def nats_auth(
     except (NatsSecurityError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if output == "json":
-        click.echo(json.dumps(done.summary(), indent=2, sort_keys=True))
+        click.echo(json.dumps(done.summary(), sort_keys=True))
         return
     click.echo(f"wrote {done.config} ({len(done.agent_seeds)} agents + aggregator)")
     if done.created:

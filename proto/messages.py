@@ -41,12 +41,21 @@ class PortCounters(Base, frozen=True, kw_only=True):
     rates: dict[str, float] = msgspec.field(default_factory=dict)
     saturated: tuple[str, ...] = ()
     resets: tuple[str, ...] = ()
+    # Only in a delta batch (see CounterBatch.base_seq): keys that the base batch had and
+    # this round has not — "<group>/<name>", "rates/<rate key>", "rx_bytes", "tx_bytes".
+    removed: tuple[str, ...] = ()
 
 
 class CounterBatch(
     Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.CounterBatch"
 ):
-    """One sampling round of every port's counters (core NATS, newest wins)."""
+    """One sampling round of every port's counters (core NATS, newest wins).
+
+    A full batch (`base_seq` None) lists every port. A delta batch names the seq of the
+    last full batch it is relative to and lists only the ports that differ from it, each
+    with only the values that differ (plus its whole `saturated`/`resets` and `removed`);
+    see docs/wire.md, "Counter deltas".
+    """
 
     version: int = MESSAGES_VERSION
     node: str
@@ -55,6 +64,7 @@ class CounterBatch(
     interval_s: float | None = None  # seconds since the previous sample (None: first)
     ports: tuple[PortCounters, ...] = ()
     errors: tuple[ReadError, ...] = ()  # counter files that could not be read
+    base_seq: int | None = None  # delta against this full batch; None: a full batch
 
 
 class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.LinkEvent"):

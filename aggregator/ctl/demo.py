@@ -114,11 +114,19 @@ def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Flee
             status(f"rendering lab node {node} ({spec})")
             _run_json(["-m", "agent", "lab", "render", "--builtin", spec, "--node-name", node,
                        "--out", str(workdir / node), "-o", "json"])  # fmt: skip
+        # Authentication on, as in a real deployment: one NKey per agent, each allowed
+        # to publish only as its own node; anonymous clients are refused.
+        status("generating NATS keys (one per agent, one for the aggregator)")
+        node_args = [arg for node, _ in DEMO_NODES for arg in ("--node", node)]
+        keys = _run_json(["-m", "aggregator", "nats-auth", "--out", str(workdir / "nats-auth"),
+                          *node_args, "-o", "json"])  # fmt: skip
         status("starting aggregator with embedded NATS")
         ready = workdir / "aggregator.ready"
         fleet.spawn("aggregator", ["-m", "aggregator", "run", "--listen", "127.0.0.1:0",
                                    "--ready-file", str(ready), "--stale-after", "10",
-                                   "--nats-store-dir", str(workdir / "nats")])  # fmt: skip
+                                   "--nats-store-dir", str(workdir / "nats"),
+                                   "--nats-server-config", keys["config"],
+                                   "--nats-nkey-seed-file", keys["aggregator_seed"]])  # fmt: skip
 
         def read_ready() -> dict[str, Any] | None:
             return json.loads(ready.read_text()) if ready.exists() else None
@@ -129,7 +137,8 @@ def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Flee
             status(f"starting agent {node}")
             fleet.spawn(f"agent-{node}", ["-m", "agent", "run", "--nats-url", fleet.nats_url,
                                           "--sysfs-root", str(workdir / node),
-                                          "--node-name", node])  # fmt: skip
+                                          "--node-name", node, "--nats-nkey-seed-file",
+                                          keys["agent_seeds"][node]])  # fmt: skip
         yield fleet
     finally:
         status("stopping all processes")

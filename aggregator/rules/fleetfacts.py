@@ -85,6 +85,15 @@ def majority(values: Iterable[K]) -> K | None:
     return value if count * 2 > total else None
 
 
+def majority_of(counts: Mapping[K, int]) -> K | None:
+    """`majority` of already counted values (value -> positive count)."""
+    total = sum(counts.values())
+    for value, count in counts.items():
+        if count * 2 > total:
+            return value
+    return None
+
+
 def expectations(
     fleet: Mapping[str, NodeRecord], policies: tuple[Policy, ...], cluster: ClusterView
 ) -> dict[str, Expect]:

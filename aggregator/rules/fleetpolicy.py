@@ -8,12 +8,15 @@ subnet is the GID prefix on InfiniBand and the IPv4 /24 of its RoCE GIDs on Ethe
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Final, cast
 
-from aggregator.cluster import ClusterView, policies_by_node, selected_nodes
+from aggregator.cluster import ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
 from aggregator.rules.finding import Finding
-from aggregator.rules.fleetfacts import compute_adapters, expectations, is_active, majority
+from aggregator.rules.fleetfacts import compute_adapters, is_active, majority_of
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
 from aggregator.rules.selection import matching_adapters
 from aggregator.rules.thresholds import Thresholds
 from proto.dpconfig import resource_full_name
@@ -93,33 +96,40 @@ def check_resource_zero(
     return found
 
 
-def check_selector_matches_nothing(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def _selector_tally(peer: Peer) -> Iterator[Vote]:
+    """A vote (policy index, resource index) -> matched per resource of every policy
+    selecting the node, when the node can be judged (status, else its snapshot)."""
+    record = peer.record
+    status = record.device_plugin
+    for pi, policy in enumerate(peer.policies):
+        config = policy.spec.rdma_shared_device_plugin
+        if config is None or not any(p is policy for p in peer.selecting):
+            continue
+        for ri, resource in enumerate(config.config_list):
+            name = resource_full_name(resource)
+            served = next((r for r in status.resources if r.name == name), None) if (
+                status is not None) else None  # fmt: skip
+            if served is not None:
+                yield (pi, ri), bool(served.devices)
+            elif record.snapshot is not None:
+                yield (pi, ri), bool(matching_adapters(resource, record.snapshot))
+
+
+def _selector_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    return sum(counts.values()), counts.get(True, 0) > 0  # (nodes judged, any matched)
+
+
+def _selector_conclude(policies: tuple[Policy, ...], facts: Facts) -> list[Finding]:
     found: list[Finding] = []
-    for policy in sorted(policies, key=lambda p: p.metadata.name):
+    for pi, policy in sorted(enumerate(policies), key=lambda ip: ip[1].metadata.name):
         config = policy.spec.rdma_shared_device_plugin
         if config is None:
             continue
-        nodes = sorted(n for n in selected_nodes(policy, fleet, cluster) if n in fleet)
-        for resource in config.config_list:
-            name = resource_full_name(resource)
-            judged = 0
-            matched = False
-            for node in nodes:
-                record = fleet[node]
-                status = record.device_plugin
-                served = next((r for r in status.resources if r.name == name), None) if (
-                    status is not None) else None  # fmt: skip
-                if served is not None:
-                    judged += 1
-                    matched = matched or bool(served.devices)
-                elif record.snapshot is not None:
-                    judged += 1
-                    matched = matched or bool(matching_adapters(resource, record.snapshot))
+        for ri, resource in enumerate(config.config_list):
+            judged, matched = cast(tuple[int, bool], facts.get((pi, ri), (0, False)))
             if matched or judged == 0:
                 continue
+            name = resource_full_name(resource)
             found.append(
                 Finding(
                     rule="selector-matches-nothing",
@@ -133,6 +143,18 @@ def check_selector_matches_nothing(
                 )
             )
     return found
+
+
+SELECTOR_MATCHES_NOTHING: Final = PeerRule(
+    "selector-matches-nothing", _selector_tally, _selector_settle, conclude=_selector_conclude
+)
+
+
+def check_selector_matches_nothing(
+    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:  # fmt: skip
+    return run(SELECTOR_MATCHES_NOTHING, fleet, policies, cluster)
 
 
 def check_policy_conflict(
@@ -173,62 +195,86 @@ def _subnet(device: Device) -> str | None:
     return None
 
 
-def _rail(device: Device) -> dict[str, object]:
+RAIL_KEYS: Final = ("subnet", "rate_gbps", "link_layer")
+Rail = tuple[str | None, float | None, str | None]  # RAIL_KEYS of one adapter
+
+
+def _rail(device: Device) -> Rail:
     port = device.ports[0] if device.ports else None
-    return {
-        "subnet": _subnet(device),
-        "rate_gbps": port.rate_gbps if port is not None and is_active(port) else None,
-        "link_layer": port.link_layer if port is not None else None,
-    }
+    return (
+        _subnet(device),
+        port.rate_gbps if port is not None and is_active(port) else None,
+        port.link_layer if port is not None else None,
+    )
+
+
+def _rails(peer: Peer) -> Iterator[tuple[int, Device]]:
+    snap = peer.record.snapshot
+    if snap is not None:
+        yield from enumerate(compute_adapters(snap, peer.expect))
+
+
+def _rail_tally(peer: Peer) -> Iterator[Vote]:
+    for i, device in _rails(peer):
+        yield i, _rail(device)
+
+
+def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    """(at least two members, the majority of each RAIL_KEYS value among those known)."""
+    usuals = []
+    for k in range(len(RAIL_KEYS)):
+        known: Counter[object] = Counter()
+        for rail, n in counts.items():
+            value = cast(Rail, rail)[k]
+            if value is not None:
+                known[value] += n
+        usuals.append(majority_of(known))
+    return sum(counts.values()) >= 2, tuple(usuals)
+
+
+def _rail_judge(peer: Peer, facts: Facts) -> list[Finding]:
+    found: list[Finding] = []
+    for i, device in _rails(peer):
+        several, usuals = cast(tuple[bool, tuple[object, ...]], facts[i])
+        if not several:
+            continue
+        attrs = dict(zip(RAIL_KEYS, _rail(device), strict=True))
+        differs: dict[str, object] = {}
+        for key, usual in zip(RAIL_KEYS, usuals, strict=True):
+            value = attrs[key]
+            if value is not None and value != usual:
+                differs[key] = usual
+        if not differs:
+            continue
+        what = ", ".join(f"{k} {attrs[k]} (peers: {v})" for k, v in differs.items())
+        found.append(
+            Finding(
+                rule="rail-mismatch",
+                severity="warning",
+                node=peer.name,
+                subject=device.name,
+                message=f"{device.name}, adapter {i} of {peer.name}, differs from adapter {i} "
+                f"of its peers in {what}; recable or readdress it so rail {i} is one "
+                "subnet at one speed.",
+                evidence={
+                    "rail": i,
+                    **{k: v for k, v in attrs.items() if isinstance(v, str | float | int)},
+                    **{
+                        f"peers_{k}": v
+                        for k, v in differs.items()
+                        if v is None or isinstance(v, str | float | int)
+                    },
+                },
+            )
+        )
+    return found
+
+
+RAIL_MISMATCH: Final = PeerRule("rail-mismatch", _rail_tally, _rail_settle, _rail_judge)
 
 
 def check_rail_mismatch(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
-    rails: dict[int, list[tuple[str, Device, dict[str, object]]]] = {}
-    for node in sorted(fleet):
-        snap = fleet[node].snapshot
-        if snap is None:
-            continue
-        for i, device in enumerate(compute_adapters(snap, expect[node])):
-            rails.setdefault(i, []).append((node, device, _rail(device)))
-    found: list[Finding] = []
-    for i, members in sorted(rails.items()):
-        if len(members) < 2:
-            continue
-        usuals = {
-            key: majority(a[key] for _, _, a in members if a[key] is not None)
-            for key in members[0][2]
-        }
-        for node, device, attrs in members:
-            differs: dict[str, object] = {}
-            for key, value in attrs.items():
-                usual = usuals[key]
-                if value is not None and value != usual:
-                    differs[key] = usual
-            if not differs:
-                continue
-            what = ", ".join(f"{k} {attrs[k]} (peers: {v})" for k, v in differs.items())
-            found.append(
-                Finding(
-                    rule="rail-mismatch",
-                    severity="warning",
-                    node=node,
-                    subject=device.name,
-                    message=f"{device.name}, adapter {i} of {node}, differs from adapter {i} "
-                    f"of its peers in {what}; recable or readdress it so rail {i} is one "
-                    "subnet at one speed.",
-                    evidence={
-                        "rail": i,
-                        **{k: v for k, v in attrs.items() if isinstance(v, str | float | int)},
-                        **{
-                            f"peers_{k}": v
-                            for k, v in differs.items()
-                            if v is None or isinstance(v, str | float | int)
-                        },
-                    },
-                )
-            )
-    return found
+    return run(RAIL_MISMATCH, fleet, policies, cluster)

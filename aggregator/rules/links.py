@@ -7,8 +7,8 @@ Pure functions of the fleet view. A port whose state is UNKNOWN (unreadable) is 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Final, cast
 
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
@@ -16,16 +16,16 @@ from aggregator.rules.catalog import FLAP_COUNTERS
 from aggregator.rules.finding import Finding, Severity
 from aggregator.rules.fleetfacts import (
     compute_adapters,
-    expectations,
     finite,
     is_active,
-    majority,
+    majority_of,
     model_label,
     model_of,
     ports,
     snapshots,
     subject,
 )
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
 from aggregator.rules.thresholds import Thresholds
 from proto.inventory import Device, Port
 from proto.policy import Policy
@@ -94,158 +94,202 @@ def _netdev_down(device: Device, port: Port) -> str | None:
     return None
 
 
+def _active_rates(peer: Peer) -> Iterator[tuple[Device, Port, float]]:
+    snap = peer.record.snapshot
+    for device, port in ports(snap) if snap is not None else ():
+        rate = port.rate_gbps
+        if is_active(port) and rate is not None and finite(rate):
+            yield device, port, rate
+
+
+def _rate_tally(peer: Peer) -> Iterator[Vote]:
+    for device, _, rate in _active_rates(peer):
+        yield model_of(device), rate
+
+
+def _rate_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    # The fleet's mode per model; a tie goes to the highest rate (the others are "below").
+    top = max(counts.values())
+    return max(cast(float, rate) for rate, n in counts.items() if n == top)
+
+
+def _rate_judge(peer: Peer, modes: Facts) -> list[Finding]:
+    minimum = peer.expect.min_rate_gbps
+    found: list[Finding] = []
+    for device, port, rate in _active_rates(peer):
+        mode = cast(float | None, modes.get(model_of(device)))
+        below_min = minimum is not None and rate < minimum
+        below_mode = mode is not None and rate < mode
+        if not (below_min or below_mode):
+            continue
+        why = f"policy minimum {minimum:g}" if below_min else (
+            f"the fleet's usual {mode:g} Gb/s for {model_label(device)}"
+        )  # fmt: skip
+        found.append(
+            Finding(
+                rule="rate-mismatch",
+                severity="warning",
+                node=peer.name,
+                subject=subject(device, port),
+                message=f"{subject(device, port)} runs at {rate:g} Gb/s, below {why}; "
+                "check the cable/transceiver and the switch port speed.",
+                evidence={
+                    "rate_gbps": rate,
+                    "min_rate_gbps": minimum,
+                    "fleet_mode_gbps": mode,
+                    "model": model_of(device),
+                },
+            )
+        )
+    return found
+
+
+RATE_MISMATCH: Final = PeerRule("rate-mismatch", _rate_tally, _rate_settle, _rate_judge)
+
+
 def check_rate_mismatch(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
-    by_model: dict[str | None, Counter[float]] = {}
-    for _, snap in snapshots(fleet):
-        for device, port in ports(snap):
-            if is_active(port) and finite(port.rate_gbps):
-                by_model.setdefault(model_of(device), Counter())[port.rate_gbps or 0.0] += 1
-    # The fleet's mode per model; a tie goes to the highest rate (the others are "below").
-    modes = {
-        model: max(rate for rate, n in counts.items() if n == max(counts.values()))
-        for model, counts in by_model.items()
-    }
+    return run(RATE_MISMATCH, fleet, policies, cluster)
+
+
+def _layer_tally(peer: Peer) -> Iterator[Vote]:
+    snap = peer.record.snapshot
+    for device, port in ports(snap) if snap is not None else ():
+        if port.link_layer != "Unknown":
+            yield model_of(device), port.link_layer
+
+
+def _layer_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    return majority_of(counts), frozenset(counts)  # (usual layer, layers seen)
+
+
+def _layer_judge(peer: Peer, facts: Facts) -> list[Finding]:
+    snap = peer.record.snapshot
+    if snap is None:
+        return []
+    wanted = peer.expect.link_layer
+    has_wanted = any(p.link_layer == wanted for _, p in ports(snap))
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
-        minimum = expect[node].min_rate_gbps
-        for device, port in ports(snap):
-            rate = port.rate_gbps
-            if not is_active(port) or rate is None or not finite(rate):
+    for device, port in ports(snap):
+        if port.link_layer == "Unknown":
+            continue
+        usual, seen = cast(tuple[str | None, frozenset[str]], facts[model_of(device)])
+        if wanted is not None:
+            # Only adapters that can run the wanted layer (the same model does so
+            # elsewhere), unless the node has no port on that layer at all.
+            if port.link_layer == wanted or (wanted not in seen and has_wanted):
                 continue
-            mode = modes.get(model_of(device))
-            below_min = minimum is not None and rate < minimum
-            below_mode = mode is not None and rate < mode
-            if not (below_min or below_mode):
+            reference: str = wanted
+            severity: Severity = "critical"
+            source = "the policy's linkLayer"
+        else:
+            if usual is None or usual == port.link_layer:
                 continue
-            why = f"policy minimum {minimum:g}" if below_min else (
-                f"the fleet's usual {mode:g} Gb/s for {model_label(device)}"
-            )  # fmt: skip
-            found.append(
-                Finding(
-                    rule="rate-mismatch",
-                    severity="warning",
-                    node=node,
-                    subject=subject(device, port),
-                    message=f"{subject(device, port)} runs at {rate:g} Gb/s, below {why}; "
-                    "check the cable/transceiver and the switch port speed.",
-                    evidence={
-                        "rate_gbps": rate,
-                        "min_rate_gbps": minimum,
-                        "fleet_mode_gbps": mode,
-                        "model": model_of(device),
-                    },
-                )
+            reference, severity = usual, "warning"
+            source = f"the rest of the fleet's {model_label(device)} adapters"
+        found.append(
+            Finding(
+                rule="link-layer-mismatch",
+                severity=severity,
+                node=peer.name,
+                subject=subject(device, port),
+                message=f"{subject(device, port)} runs {port.link_layer} but {source} "
+                f"use {reference}; set the port type with mlxconfig "
+                "(LINK_TYPE_P<n>) and reset the adapter.",
+                evidence={
+                    "link_layer": port.link_layer,
+                    "expected": reference,
+                    "model": model_of(device),
+                },
             )
+        )
     return found
+
+
+LINK_LAYER_MISMATCH: Final = PeerRule(
+    "link-layer-mismatch", _layer_tally, _layer_settle, _layer_judge
+)
 
 
 def check_link_layer_mismatch(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
-    layers_by_model: dict[str | None, list[str]] = {}
-    for _, snap in snapshots(fleet):
-        for device, port in ports(snap):
-            if port.link_layer != "Unknown":
-                layers_by_model.setdefault(model_of(device), []).append(port.link_layer)
-    usual_by_model = {model: majority(seen) for model, seen in layers_by_model.items()}
-    seen_by_model = {model: set(seen) for model, seen in layers_by_model.items()}
-    found: list[Finding] = []
-    for node, snap in snapshots(fleet):
-        wanted = expect[node].link_layer
-        has_wanted = any(p.link_layer == wanted for _, p in ports(snap))
-        for device, port in ports(snap):
-            if port.link_layer == "Unknown":
+    return run(LINK_LAYER_MISMATCH, fleet, policies, cluster)
+
+
+MtuRow = tuple[tuple[str, bool], str, str, int]  # fabric (layer, compute), where, netdev, mtu
+
+
+def _mtu_rows(peer: Peer) -> Iterator[MtuRow]:
+    """Fabric = link layer x role (compute adapter or not), fleet-wide."""
+    snap = peer.record.snapshot
+    if snap is None:
+        return
+    compute = {d.name for d in compute_adapters(snap, peer.expect)}
+    for device in snap.devices:
+        layers = {p.port: p.link_layer for p in device.ports}
+        for iface in device.interfaces:
+            if iface.mtu is None or iface.mtu <= 0:
                 continue
-            seen = seen_by_model.get(model_of(device), set())
-            if wanted is not None:
-                # Only adapters that can run the wanted layer (the same model does so
-                # elsewhere), unless the node has no port on that layer at all.
-                if port.link_layer == wanted or (wanted not in seen and has_wanted):
-                    continue
-                reference: str = wanted
-                severity: Severity = "critical"
-                source = "the policy's linkLayer"
-            else:
-                usual = usual_by_model.get(model_of(device))
-                if usual is None or usual == port.link_layer:
-                    continue
-                reference, severity = usual, "warning"
-                source = f"the rest of the fleet's {model_label(device)} adapters"
-            found.append(
-                Finding(
-                    rule="link-layer-mismatch",
-                    severity=severity,
-                    node=node,
-                    subject=subject(device, port),
-                    message=f"{subject(device, port)} runs {port.link_layer} but {source} "
-                    f"use {reference}; set the port type with mlxconfig "
-                    "(LINK_TYPE_P<n>) and reset the adapter.",
-                    evidence={
-                        "link_layer": port.link_layer,
-                        "expected": reference,
-                        "model": model_of(device),
-                    },
-                )
+            port = iface.port or 1
+            layer: str = layers.get(port, "Unknown")
+            yield (layer, device.name in compute), f"{device.name}/{port}", iface.name, iface.mtu
+
+
+def _mtu_tally(peer: Peer) -> Iterator[Vote]:
+    for fabric, _, _, mtu in _mtu_rows(peer):
+        yield fabric, mtu
+
+
+def _mtu_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    return majority_of(counts), sum(counts.values()) > 1  # (usual MTU, several ports)
+
+
+def _mtu_judge(peer: Peer, facts: Facts) -> list[Finding]:
+    found: list[Finding] = []
+    for fabric, where, netdev, mtu in _mtu_rows(peer):
+        layer, is_compute = fabric
+        usual, several = cast(tuple[int | None, bool], facts[fabric])
+        wanted = peer.expect.mtu if is_compute else None
+        if wanted is not None and mtu != wanted:
+            why = f"the policy's {wanted}"
+        elif wanted is None and several and usual != mtu:
+            why = f"the {usual} used across its {layer} fabric"
+            if usual is None:
+                why = f"the rest of its {layer} fabric, which has no majority MTU"
+        else:
+            continue
+        found.append(
+            Finding(
+                rule="mtu-mismatch",
+                severity="warning",
+                node=peer.name,
+                subject=where,
+                message=f"{netdev} ({where}) has MTU {mtu}, unlike {why}; set the same "
+                "MTU on every port of the fabric (and on its switch ports).",
+                evidence={
+                    "netdev": netdev,
+                    "mtu": mtu,
+                    "expected_mtu": wanted,
+                    "fabric_mtu": usual,
+                    "link_layer": layer,
+                },
             )
+        )
     return found
+
+
+MTU_MISMATCH: Final = PeerRule("mtu-mismatch", _mtu_tally, _mtu_settle, _mtu_judge)
 
 
 def check_mtu_mismatch(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    """Fabric = link layer x role (compute adapter or not), fleet-wide."""
-    expect = expectations(fleet, policies, cluster)
-    members: dict[tuple[str, bool], list[tuple[str, str, str, int, bool]]] = {}
-    for node, snap in snapshots(fleet):
-        compute = {d.name for d in compute_adapters(snap, expect[node])}
-        for device in snap.devices:
-            layers = {p.port: p.link_layer for p in device.ports}
-            for iface in device.interfaces:
-                if iface.mtu is None or iface.mtu <= 0:
-                    continue
-                port = iface.port or 1
-                layer: str = layers.get(port, "Unknown")
-                key = (layer, device.name in compute)
-                row = (node, f"{device.name}/{port}", iface.name, iface.mtu, key[1])
-                members.setdefault(key, []).append(row)
-    found: list[Finding] = []
-    for (layer, _), rows in sorted(members.items()):
-        usual = majority(mtu for *_, mtu, _c in rows)
-        for node, where, netdev, mtu, is_compute in rows:
-            wanted = expect[node].mtu if is_compute else None
-            if wanted is not None and mtu != wanted:
-                why = f"the policy's {wanted}"
-            elif wanted is None and len(rows) > 1 and usual != mtu:
-                why = f"the {usual} used across its {layer} fabric"
-                if usual is None:
-                    why = f"the rest of its {layer} fabric, which has no majority MTU"
-            else:
-                continue
-            found.append(
-                Finding(
-                    rule="mtu-mismatch",
-                    severity="warning",
-                    node=node,
-                    subject=where,
-                    message=f"{netdev} ({where}) has MTU {mtu}, unlike {why}; set the same "
-                    "MTU on every port of the fabric (and on its switch ports).",
-                    evidence={
-                        "netdev": netdev,
-                        "mtu": mtu,
-                        "expected_mtu": wanted,
-                        "fabric_mtu": usual,
-                        "link_layer": layer,
-                    },
-                )
-            )
-    return found
+    return run(MTU_MISMATCH, fleet, policies, cluster)
 
 
 def check_link_flap(

@@ -7,8 +7,8 @@ Pure. Versions compare numerically by dotted parts ("28.41.1000" > "28.9.2000").
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Final, cast
 
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
@@ -17,10 +17,12 @@ from aggregator.rules.fleetfacts import (
     MODEL_NAMES,
     expectations,
     majority,
+    majority_of,
     model_label,
     model_of,
     snapshots,
 )
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
 from aggregator.rules.thresholds import Thresholds
 from proto.inventory import Device
 from proto.policy import Policy
@@ -40,58 +42,73 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(part) for part in text.strip().split("."))
 
 
+def _fw_tally(peer: Peer) -> Iterator[Vote]:
+    snap = peer.record.snapshot
+    for d in snap.devices if snap is not None else ():
+        if d.fw_ver:
+            yield model_of(d), d.fw_ver
+
+
+def _fw_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    # (fleet majority, versions seen, adapters of the model)
+    return majority_of(counts), ",".join(sorted(cast(str, v) for v in counts)), sum(
+        counts.values()
+    )
+
+
+def _fw_judge(peer: Peer, facts: Facts) -> list[Finding]:
+    snap = peer.record.snapshot
+    if snap is None:
+        return []
+    node_fw: dict[str | None, list[str]] = {}
+    for d in snap.devices:
+        if d.fw_ver:
+            node_fw.setdefault(model_of(d), []).append(d.fw_ver)
+    found: list[Finding] = []
+    for d in snap.devices:
+        if not d.fw_ver:
+            continue
+        in_fleet, seen, peers = cast(tuple[str | None, str, int], facts[model_of(d)])
+        if peers < 2:
+            continue
+        in_node = majority(node_fw[model_of(d)])
+        usual: str | None
+        if in_node is not None and d.fw_ver != in_node and len(node_fw[model_of(d)]) > 1:
+            scope, usual = "node", in_node
+        elif d.fw_ver != in_fleet:
+            scope, usual = "fleet", in_fleet
+        else:
+            continue
+        shown = usual or "no majority version"
+        found.append(
+            Finding(
+                rule="fw-skew",
+                severity="warning",
+                node=peer.name,
+                subject=d.name,
+                message=f"{d.name} ({model_label(d)}) runs firmware {d.fw_ver}, unlike "
+                f"the {scope}'s {shown}; flash the fleet's version (mlxfwmanager) so all "
+                "adapters of a model behave alike.",
+                evidence={
+                    "fw_ver": d.fw_ver,
+                    "majority_fw": usual,
+                    "scope": scope,
+                    "model": model_of(d),
+                    "versions_seen": seen,
+                },
+            )
+        )
+    return found
+
+
+FW_SKEW: Final = PeerRule("fw-skew", _fw_tally, _fw_settle, _fw_judge)
+
+
 def check_fw_skew(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    fleet_fw: dict[str | None, list[str]] = {}
-    for _, snap in snapshots(fleet):
-        for d in snap.devices:
-            if d.fw_ver:
-                fleet_fw.setdefault(model_of(d), []).append(d.fw_ver)
-    fleet_majority = {model: majority(fws) for model, fws in fleet_fw.items()}
-    fleet_seen = {model: ",".join(sorted(set(fws))) for model, fws in fleet_fw.items()}
-    found: list[Finding] = []
-    for node, snap in snapshots(fleet):
-        node_fw: dict[str | None, list[str]] = {}
-        for d in snap.devices:
-            if d.fw_ver:
-                node_fw.setdefault(model_of(d), []).append(d.fw_ver)
-        for d in snap.devices:
-            if not d.fw_ver:
-                continue
-            peers = fleet_fw[model_of(d)]
-            if len(peers) < 2:
-                continue
-            in_node = majority(node_fw[model_of(d)])
-            in_fleet = fleet_majority[model_of(d)]
-            usual: str | None
-            if in_node is not None and d.fw_ver != in_node and len(node_fw[model_of(d)]) > 1:
-                scope, usual = "node", in_node
-            elif d.fw_ver != in_fleet:
-                scope, usual = "fleet", in_fleet
-            else:
-                continue
-            shown = usual or "no majority version"
-            found.append(
-                Finding(
-                    rule="fw-skew",
-                    severity="warning",
-                    node=node,
-                    subject=d.name,
-                    message=f"{d.name} ({model_label(d)}) runs firmware {d.fw_ver}, unlike "
-                    f"the {scope}'s {shown}; flash the fleet's version (mlxfwmanager) so all "
-                    "adapters of a model behave alike.",
-                    evidence={
-                        "fw_ver": d.fw_ver,
-                        "majority_fw": usual,
-                        "scope": scope,
-                        "model": model_of(d),
-                        "versions_seen": fleet_seen[model_of(d)],
-                    },
-                )
-            )
-    return found
+    return run(FW_SKEW, fleet, policies, cluster)
 
 
 def _minimum_for(device: Device, minimums: Mapping[str, str]) -> tuple[str, str] | None:
@@ -141,43 +158,54 @@ def check_fw_below_minimum(
     return found
 
 
+def _driver_tally(peer: Peer) -> Iterator[Vote]:
+    snap = peer.record.snapshot
+    if snap is None:
+        return
+    for module in DRIVER_MODULES:
+        info = snap.modules.get(module)
+        if info is not None:
+            # Inbox modules have no version; their srcversion identifies the build.
+            label = info.version or (f"srcversion {info.srcversion}" if info.srcversion
+                                     else "inbox")  # fmt: skip
+            yield module, label
+
+
+def _driver_settle(counts: Mapping[Hashable, int]) -> Hashable:
+    return ",".join(sorted(cast(str, v) for v in counts)), majority_of(counts)
+
+
+def _driver_judge(peer: Peer, facts: Facts) -> list[Finding]:
+    found: list[Finding] = []
+    for module, label in _driver_tally(peer):
+        seen, usual = cast(tuple[str, str | None], facts[module])
+        if "," not in seen or label == usual:
+            continue
+        found.append(
+            Finding(
+                rule="driver-skew",
+                severity="warning",
+                node=peer.name,
+                subject=cast(str, module),
+                message=f"Module {module} is {label} here but "
+                f"{usual or 'different'} on the rest of the fleet; install the fleet's "
+                "driver version (DOCA/MLNX_OFED or kernel) on this node.",
+                evidence={
+                    "module": cast(str, module),
+                    "version": cast(str, label),
+                    "fleet_version": usual,
+                    "versions_seen": seen,
+                },
+            )
+        )
+    return found
+
+
+DRIVER_SKEW: Final = PeerRule("driver-skew", _driver_tally, _driver_settle, _driver_judge)
+
+
 def check_driver_skew(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,
 ) -> list[Finding]:  # fmt: skip
-    versions: dict[str, list[tuple[str, str]]] = {}
-    for node, snap in snapshots(fleet):
-        for module in DRIVER_MODULES:
-            info = snap.modules.get(module)
-            if info is not None:
-                # Inbox modules have no version; their srcversion identifies the build.
-                label = info.version or (f"srcversion {info.srcversion}" if info.srcversion
-                                         else "inbox")  # fmt: skip
-                versions.setdefault(module, []).append((node, label))
-    found: list[Finding] = []
-    for module, rows in sorted(versions.items()):
-        seen = ",".join(sorted({label for _, label in rows}))
-        if "," not in seen:
-            continue
-        usual = majority(label for _, label in rows)
-        for node, label in rows:
-            if label == usual:
-                continue
-            found.append(
-                Finding(
-                    rule="driver-skew",
-                    severity="warning",
-                    node=node,
-                    subject=module,
-                    message=f"Module {module} is {label} here but "
-                    f"{usual or 'different'} on the rest of the fleet; install the fleet's "
-                    "driver version (DOCA/MLNX_OFED or kernel) on this node.",
-                    evidence={
-                        "module": module,
-                        "version": label,
-                        "fleet_version": usual,
-                        "versions_seen": seen,
-                    },
-                )
-            )
-    return found
+    return run(DRIVER_SKEW, fleet, policies, cluster)

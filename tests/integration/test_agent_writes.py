@@ -96,7 +96,7 @@ TRACED = (
 )
 _WRITE_FLAG = re.compile(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC|O_APPEND")
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-_DIRFD = re.compile(r"^\w+\((\d+)<([^>]*)>")
+_DIRFD = re.compile(r"^\w+\((\d+|AT_FDCWD)<([^>]*)>")
 
 
 @dataclass(frozen=True)
@@ -221,8 +221,31 @@ def test_the_audit_catches_a_write_to_sysfs(short_dir: Path) -> None:
     assert tree_digest(sysfs) != before
 
 
+def agent_pid(log: Path) -> int | None:
+    """The pid the bootstrap logged first (None before it ran)."""
+    pids = [w.extra for w in audit_log(log) if w.event == "pid"] if log.exists() else []
+    return pids[0] if pids and isinstance(pids[0], int) else None
+
+
+async def stopped(process: asyncio.subprocess.Process, log: Path) -> bytes:
+    """SIGTERM to the agent itself (under strace, `process` is strace), as the kubelet
+    would; SIGKILL to both if it has not ended within 30 s. Returns its stderr."""
+    agent = agent_pid(log) or process.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(agent, signal.SIGTERM)
+    try:
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
+    except TimeoutError:
+        for pid in {agent, process.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await process.wait()
+        raise
+    return stderr
+
+
 async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
-    nats_server: NatsServer, short_dir: Path
+    own_nats: NatsServer, short_dir: Path
 ) -> None:
     sysfs = short_dir / "sys"
     render(with_node_name(load_builtin("roce-cx6dx"), NODE), sysfs)
@@ -233,14 +256,12 @@ async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
     log = short_dir / "audit.jsonl"
     before = tree_digest(sysfs)
 
-    nc = await nats.connect(nats_server.url)
+    nc = await nats.connect(own_nats.url)
     js = nc.jetstream()
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await js.delete_key_value(subjects.KV_CONFIG)
     kv = await js.create_key_value(bucket=subjects.KV_CONFIG, history=1)
     await kv.put(subjects.node_token(NODE), desired(1, 2))
 
-    args = audited(short_dir, ["run", "--nats-url", nats_server.url,
+    args = audited(short_dir, ["run", "--nats-url", own_nats.url,
             "--sysfs-root", str(sysfs), "--node-name", NODE, "--verbs", "off",
             "--device-plugin", "--device-plugin-dir", str(plugins),
             "--plugins-registry-dir", str(registry), "--registration-mode", "watcher",
@@ -273,11 +294,10 @@ async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
             await wait_until(lambda: spec.read_bytes() == first, timeout=30,
                              what="the CDI spec back")  # fmt: skip
     finally:
-        pid = next((w.extra for w in audit_log(log) if w.event == "pid"), None)
-        if isinstance(pid, int):
-            os.kill(pid, signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
-        await nc.close()
+        try:
+            stderr = await stopped(process, log)
+        finally:
+            await nc.close()
     assert process.returncode == 0, stderr.decode()[-2000:]
 
     allowed = (plugins, registry, cdi)
