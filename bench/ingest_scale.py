@@ -44,6 +44,7 @@ PY: Final = sys.executable
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 LAG_GROWTH_LIMIT_S: Final = 0.5  # lag end - lag start above this: not sustained
 ALERT_P99_LIMIT_S: Final = 1.0
+GENERATOR_LATE_LIMIT_MS: Final = 250.0
 
 
 def free_port() -> int:
@@ -291,6 +292,7 @@ async def measure(
                 async def snapshots_in() -> bool:  # all in, or none more for 5 s
                     count = (await agg.applied(http)).get("messages:snapshot", 0)
                     if count >= nodes:
+                        seen[0] = count
                         return True
                     if count == seen[0]:
                         return time.monotonic() - seen[1] > 5
@@ -453,8 +455,11 @@ def analyse(
     lag_ok = lag_ok and out["lag_end_s"] - out["lag_start_s"] < LAG_GROWTH_LIMIT_S
     lag_ok = lag_ok and out["age_end_s"] - out["age_start_s"] < LAG_GROWTH_LIMIT_S
     alert_p99 = out["alerts"]["p99_ms"]
+    # A generator that cannot keep its schedule does not offer the load it claims.
+    out["generator_kept_up"] = load["late_ms_p99_worst"] < GENERATOR_LATE_LIMIT_MS
     out["sustained"] = bool(
         lag_ok
+        and out["generator_kept_up"]
         and out.get("aggregator_msgs_s", 0) >= 0.95 * load["nodes"] * args.hz
         and out["aggregator_lost"] <= 0.01 * sent
         and out["alerts"]["seen"] == out["alerts"]["injected"]
@@ -517,7 +522,7 @@ HEADER: Final = (
     f"{'nodes':>6} {'offered':>8} {'agg/s':>7} {'bare/s':>7} {'ratio':>5} "
     f"{'lag0':>6} {'lag1':>6} {'age0':>6} {'age1':>6} {'bare0':>6} {'bare1':>6} "
     f"{'alert50':>8} {'alert99':>8} {'seen':>5} {'aggCPU':>6} {'KB/node':>7} {'lost':>7} "
-    f"{'slowC':>5} ok"
+    f"{'slowC':>5} {'snaps':>6} {'genLate':>7} ok"
 )
 
 
@@ -546,6 +551,8 @@ def row_text(p: dict[str, Any]) -> str:
             f(p.get("rss_per_node_kb"), 7),
             f(p.get("aggregator_lost"), 7),
             f(p.get("nats_after", {}).get("slow_consumers"), 5),
+            f(p.get("snapshots_applied"), 6),
+            f(p["load"]["late_ms_p99_worst"], 7),
             "yes" if p["sustained"] else "NO",
         ]
     )

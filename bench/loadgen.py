@@ -104,7 +104,11 @@ def build_templates(shape: NodeShape) -> Templates:
         device = snap.devices[0].name
         with CounterReader(sysfs) as reader:
             first = reader.collect(node="tpl", seq=1, now=now - 1)
-            faults.bump_counter(root, device, 1, "port_rcv_data", 123_456)
+            port = first.ports[0]
+            name = next(iter(port.counters), None) or next(iter(port.hw_counters), None)
+            if name is not None:  # one counter moves, so the batch carries a real rate
+                group = "counters" if name in port.counters else "hw_counters"
+                faults.bump_counter(root, port.device, port.port, f"{group}/{name}", 1000)
             batch = with_rates(first, reader.collect(node="tpl", seq=2, now=now))
     return Templates(snapshot=codec.encode(snap), counters=codec.encode(batch), device=device)
 

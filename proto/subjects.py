@@ -43,7 +43,7 @@ def validate_node_name(name: str) -> str:
         raise InvalidNodeName("node name is empty")
     if len(name) > MAX_NODE_NAME:
         raise InvalidNodeName(f"node name is longer than {MAX_NODE_NAME} characters")
-    if not _DNS1123_SUBDOMAIN.match(name):
+    if not _DNS1123_SUBDOMAIN.fullmatch(name):
         raise InvalidNodeName(
             f"node name {name!r} is not a DNS-1123 subdomain "
             "(lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"

@@ -51,6 +51,11 @@ def check_agent_stale(
     return found
 
 
+def agent_stale_from(record: NodeRecord, thresholds: Thresholds) -> float:
+    """When agent-stale may start reporting `record`: never at an earlier `now`."""
+    return record.last_seen + thresholds.param("agent-stale", "staleAfter")
+
+
 def check_resource_zero(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,

@@ -8,6 +8,7 @@ naming it, so one bad node can neither crash evaluation nor silence the other ru
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Final
 
 from aggregator.cluster import NO_CLUSTER, ClusterView
@@ -15,6 +16,7 @@ from aggregator.fleet import NodeRecord
 from aggregator.rules import counters, dataquality, fleetpolicy, links, topology, versions
 from aggregator.rules.catalog import RULE_IDS, SEVERITY_ORDER
 from aggregator.rules.finding import Finding
+from aggregator.rules.peers import PeerRule
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.policy import Policy
 
@@ -49,9 +51,59 @@ ALL_RULES: Final[tuple[tuple[str, Check], ...]] = (
 )
 assert tuple(rule for rule, _ in ALL_RULES) == RULE_IDS, "ALL_RULES and the catalogue differ"
 
+# Node-local: the findings for node N depend only on N's record (and policies, cluster,
+# thresholds, now); each is named after N. aggregator.rules.incremental re-runs them for
+# changed nodes only.
+NODE_RULES: Final[tuple[str, ...]] = (
+    "gpu-nic-affinity", "pcie-degraded", "acs-enabled", "peermem-missing",
+    "iommu-translated", "numa-unknown", "port-down", "link-flap", "counter-errors",
+    "retries-exceeded", "cc-misconfigured", "fw-below-minimum", "agent-stale",
+    "resource-zero", "policy-conflict", "data-quality",
+)  # fmt: skip
+# Fleet-level: compare a node with its peers (majorities, modes, versions seen, rails) or
+# judge a policy over all its nodes; each is a PeerRule (tally / settle / judge).
+_PEERS: Final = (
+    links.RATE_MISMATCH, links.LINK_LAYER_MISMATCH, links.MTU_MISMATCH, versions.FW_SKEW,
+    versions.DRIVER_SKEW, fleetpolicy.SELECTOR_MATCHES_NOTHING, fleetpolicy.RAIL_MISMATCH,
+)  # fmt: skip
+PEER_RULES: Final[Mapping[str, PeerRule]] = MappingProxyType({r.rule: r for r in _PEERS})
+FLEET_RULES: Final[tuple[str, ...]] = tuple(PEER_RULES)
+# Node-local rules that read `now`: when each may first report a record (not before).
+TIME_RULES: Final[Mapping[str, Callable[[NodeRecord, Thresholds], float]]] = MappingProxyType(
+    {"agent-stale": fleetpolicy.agent_stale_from}
+)
+assert sorted((*NODE_RULES, *FLEET_RULES)) == sorted(RULE_IDS), "unclassified rule"
+assert set(TIME_RULES) <= set(NODE_RULES), "a time rule must be node-local"
+CHECKS: Final[Mapping[str, Check]] = MappingProxyType(dict(ALL_RULES))
+
 
 def sort_key(finding: Finding) -> tuple[int, str, str, str]:
     return (SEVERITY_ORDER[finding.severity], finding.node or "", finding.rule, finding.subject)
+
+
+def run_rule(
+    rule: str,
+    fleet: Mapping[str, NodeRecord],
+    policies: tuple[Policy, ...],
+    cluster: ClusterView,
+    now: float,
+    thresholds: Thresholds,
+) -> list[Finding]:
+    """One rule's findings; if it raises, one `data-quality` finding naming it instead."""
+    try:
+        return CHECKS[rule](fleet, policies, cluster, now, thresholds)
+    except Exception as exc:  # a rule bug must not hide every other finding
+        return [
+            Finding(
+                rule="data-quality",
+                severity="warning",
+                node=None,
+                subject=f"rule/{rule}",
+                message=f"Rule {rule} could not evaluate this fleet ({type(exc).__name__}: "
+                f"{exc}); its findings are missing — report this input as a bug.",
+                evidence={"rule": rule, "error": f"{type(exc).__name__}: {exc}"},
+            )
+        ]
 
 
 def evaluate(
@@ -64,23 +116,9 @@ def evaluate(
 ) -> list[Finding]:
     """All findings of every enabled rule; one per (rule, node, subject)."""
     found: dict[tuple[str, str | None, str], Finding] = {}
-    for rule, check in ALL_RULES:
+    for rule, _ in ALL_RULES:
         if not thresholds.enabled(rule):
             continue
-        try:
-            results = check(fleet, policies, cluster, now, thresholds)
-        except Exception as exc:  # a rule bug must not hide every other finding
-            results = [
-                Finding(
-                    rule="data-quality",
-                    severity="warning",
-                    node=None,
-                    subject=f"rule/{rule}",
-                    message=f"Rule {rule} could not evaluate this fleet ({type(exc).__name__}: "
-                    f"{exc}); its findings are missing — report this input as a bug.",
-                    evidence={"rule": rule, "error": f"{type(exc).__name__}: {exc}"},
-                )
-            ]
-        for finding in results:
+        for finding in run_rule(rule, fleet, policies, cluster, now, thresholds):
             found.setdefault(finding.fingerprint, finding)
     return sorted(found.values(), key=sort_key)

@@ -51,9 +51,7 @@ def _fw_tally(peer: Peer) -> Iterator[Vote]:
 
 def _fw_settle(counts: Mapping[Hashable, int]) -> Hashable:
     # (fleet majority, versions seen, adapters of the model)
-    return majority_of(counts), ",".join(sorted(cast(str, v) for v in counts)), sum(
-        counts.values()
-    )
+    return majority_of(counts), ",".join(sorted(cast(str, v) for v in counts)), sum(counts.values())
 
 
 def _fw_judge(peer: Peer, facts: Facts) -> list[Finding]:

@@ -45,7 +45,7 @@ from tests.integration._chain_fixtures import RES, chain_cluster, chain_fleet
 pytestmark = pytest.mark.integration
 
 # Examples per operation and generation mode: the open run fuzzes, the token run checks that
-# the document's security works; the file runs in ~15 s on 2 busy cores.
+# the document's security works; the file runs in 15-20 s on 2 busy cores.
 MAX_EXAMPLES = 25
 MAX_EXAMPLES_WITH_TOKEN = 10
 READ_TOKEN = "read-token-0123456789abcdef"

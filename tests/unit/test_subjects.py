@@ -32,6 +32,8 @@ def test_valid_node_names_round_trip_through_subjects(name: str) -> None:
         pytest.param("gpu.>", id="tail-wildcard"),
         pytest.param("a" * 254, id="too-long"),
         pytest.param("gpu 01", id="space"),
+        pytest.param("gpu-001\n", id="trailing-newline"),
+        pytest.param("gpu-001\n.x", id="embedded-newline"),
     ],
 )
 def test_invalid_node_names_are_refused(name: str) -> None:

@@ -1,0 +1,334 @@
+"""Incremental rule evaluation: exactly `registry.evaluate`'s findings, recomputed only for
+nodes whose record changed (records are immutable: changed = another object), for peers
+whose group facts moved (aggregator.rules.peers), and for time rules' due nodes.
+
+Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Final
+
+from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
+from aggregator.fleet import NodeRecord
+from aggregator.rules.finding import Finding
+from aggregator.rules.peers import Peer, PeerRule
+from aggregator.rules.registry import (
+    ALL_RULES,
+    CHECKS,
+    NODE_RULES,
+    PEER_RULES,
+    TIME_RULES,
+    run_rule,
+)
+from aggregator.rules.sortedfindings import SortedFindings
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from proto.policy import Policy
+
+SLACK_S: Final = 1.0  # a time rule is re-run from this long before it may first report
+UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
+
+
+def _dedup(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    seen: dict[tuple[str, str | None, str], Finding] = {}
+    for f in findings:
+        seen.setdefault(f.fingerprint, f)
+    return tuple(seen.values())
+
+
+class _PeerState:
+    """One peer rule's votes, counts and facts, kept in step with the fleet."""
+
+    def __init__(self) -> None:
+        self.votes: dict[str, Counter[tuple[Hashable, Hashable]]] = {}
+        self.counts: dict[Hashable, Counter[Hashable]] = {}
+        self.members: dict[Hashable, set[str]] = {}
+        self.facts: dict[Hashable, Hashable] = {}
+
+
+class IncrementalRules:
+    """Call `evaluate` repeatedly with the same live fleet mapping; keeps what it needs."""
+
+    def __init__(self) -> None:
+        self._context: tuple[object, ...] | None = None
+        self._records: dict[str, NodeRecord] = {}
+        self._selecting: dict[str, tuple[Policy, ...]] = {}
+        self._units: dict[UnitKey, tuple[Finding, ...]] = {}
+        self._broken: dict[str, set[Hashable]] = {}  # rule -> nodes/groups it raised on
+        self._failing: frozenset[str] = frozenset()
+        self._peers: dict[str, _PeerState] = {}
+        self._due: dict[str, dict[str, float]] = {}
+        self._heap: dict[str, list[tuple[float, str]]] = {}
+        self._active: dict[str, set[str]] = {}
+        self._out = SortedFindings()
+        self.rebuilds = 0  # full recomputations (first call, policies/cluster/thresholds)
+
+    def evaluate(
+        self,
+        fleet: Mapping[str, NodeRecord],
+        policies: tuple[Policy, ...] = (),
+        cluster: ClusterView = NO_CLUSTER,
+        now: float = 0.0,
+        *,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    ) -> list[Finding]:
+        """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...)` returns."""
+        self._fleet, self._policies, self._cluster = fleet, policies, cluster
+        self._now, self._thresholds = now, thresholds
+        self._changed_units: dict[UnitKey, tuple[Finding, ...]] = {}
+        enabled = {rule for rule, _ in ALL_RULES if thresholds.enabled(rule)}
+        if not self._same_context(policies, cluster, thresholds):
+            self._start_over()
+            changed = set(fleet)
+        else:
+            changed = self._changed_nodes(fleet)
+        for name in changed:
+            record = fleet.get(name)
+            if record is None:
+                self._records.pop(name, None)
+            else:
+                self._records[name] = record
+        for rule in NODE_RULES:
+            if rule in enabled and rule not in TIME_RULES:
+                self._run_local(rule, changed)
+        for rule in TIME_RULES:
+            if rule in enabled:
+                self._run_timed(rule, changed)
+        for rule, peer_rule in PEER_RULES.items():
+            if rule in enabled:
+                self._run_peer(peer_rule, changed)
+        self._publish(enabled)
+        return self._out.items()
+
+    # -- what changed --------------------------------------------------------------------
+
+    def _same_context(
+        self, policies: tuple[Policy, ...], cluster: ClusterView, thresholds: Thresholds
+    ) -> bool:
+        context = (policies, cluster.present, cluster.nodes, thresholds)
+        old, self._context = self._context, context
+        if old is None:
+            return False
+        # Rules read only the cluster's node labels (through policy selection).
+        return all(a is b or a == b for a, b in zip(old, context, strict=True))
+
+    def _start_over(self) -> None:
+        self.rebuilds += 1
+        self._records = dict(self._fleet)
+        self._selecting.clear()
+        for key in list(self._units):
+            self._set_unit(key, ())
+        self._broken = {}
+        self._peers = {rule: _PeerState() for rule in PEER_RULES}
+        self._due = {rule: {} for rule in TIME_RULES}
+        self._heap = {rule: [] for rule in TIME_RULES}
+        self._active = {rule: set() for rule in TIME_RULES}
+
+    def _changed_nodes(self, fleet: Mapping[str, NodeRecord]) -> set[str]:
+        records = self._records
+        changed = {name for name, record in fleet.items() if records.get(name) is not record}
+        if len(records) + sum(1 for name in changed if name not in records) != len(fleet):
+            changed |= records.keys() - fleet.keys()  # removed nodes
+        return changed
+
+    def _sub(self, names: Iterable[str]) -> tuple[dict[str, NodeRecord], ClusterView]:
+        """The records of `names` and a cluster view holding only their labels, so that
+        policy selection costs O(names), not O(cluster)."""
+        fleet = {name: self._fleet[name] for name in names}
+        cluster = self._cluster
+        if cluster.present and len(fleet) < len(self._fleet):
+            nodes = {name: cluster.nodes[name] for name in fleet if name in cluster.nodes}
+            cluster = ClusterView(
+                present=True, nodes=nodes, pods=cluster.pods, attachments=cluster.attachments
+            )
+        return fleet, cluster
+
+    # -- node-local rules ----------------------------------------------------------------
+
+    def _run_local(self, rule: str, names: set[str]) -> None:
+        """Re-run a node-local rule for `names` (all at once; node by node if it raises)."""
+        broken = self._broken.setdefault(rule, set())
+        for name in names:
+            broken.discard(name)
+            self._set_unit((name, rule, False), ())
+        present = [name for name in names if name in self._fleet]
+        if not present:
+            return
+        try:
+            by_node = self._check_local(rule, present)
+        except Exception:
+            by_node = {}
+            for name in present:  # find the nodes it fails on; keep the others
+                try:
+                    by_node |= self._check_local(rule, [name])
+                except Exception:
+                    broken.add(name)
+        for name, found in by_node.items():
+            self._set_unit((name, rule, False), _dedup(found))
+
+    def _check_local(self, rule: str, names: list[str]) -> dict[str, list[Finding]]:
+        fleet, cluster = self._sub(names)
+        by_node: dict[str, list[Finding]] = {}
+        for f in CHECKS[rule](fleet, self._policies, cluster, self._now, self._thresholds):
+            if f.node not in fleet:
+                raise LookupError(f"{rule} reported {f.node!r}, not a node evaluated")
+            by_node.setdefault(f.node, []).append(f)
+        return by_node
+
+    def _clear_local(self, rule: str, name: str) -> None:
+        self._broken.setdefault(rule, set()).discard(name)
+        self._set_unit((name, rule, False), ())
+
+    def _run_timed(self, rule: str, changed: set[str]) -> None:
+        due, heap, active = self._due[rule], self._heap[rule], self._active[rule]
+        when = TIME_RULES[rule]
+        for name in changed:
+            active.discard(name)
+            due.pop(name, None)
+            self._clear_local(rule, name)
+            record = self._fleet.get(name)
+            if record is None:
+                continue
+            due[name] = at = when(record, self._thresholds)
+            if math.isnan(at):
+                active.add(name)
+            else:
+                heapq.heappush(heap, (at, name))
+        if len(heap) > 2 * len(due) + 64:  # drop entries superseded by later messages
+            heap[:] = [(at, n) for n, at in due.items() if n not in active and not math.isnan(at)]
+            heapq.heapify(heap)
+        while heap and heap[0][0] - SLACK_S <= self._now:
+            at, name = heapq.heappop(heap)
+            if due.get(name) == at:
+                active.add(name)
+        waiting = {n for n in active if due[n] - SLACK_S > self._now}  # the clock went back
+        for name in waiting:
+            active.discard(name)
+            heapq.heappush(heap, (due[name], name))
+            self._clear_local(rule, name)
+        self._run_local(rule, active)
+
+    # -- peer rules ----------------------------------------------------------------------
+
+    def _peer(self, name: str) -> Peer:
+        selecting = self._selecting.get(name)
+        if selecting is None:
+            fleet, cluster = self._sub([name])
+            selecting = policies_by_node(self._policies, fleet, cluster).get(name, ())
+            self._selecting[name] = selecting
+        return Peer(
+            name=name, record=self._fleet[name], selecting=selecting, policies=self._policies
+        )
+
+    def _run_peer(self, rule: PeerRule, changed: set[str]) -> None:
+        state, broken = self._peers[rule.rule], self._broken.setdefault(rule.rule, set())
+        touched: set[Hashable] = set()
+        for name in changed:
+            broken.discard(name)
+            for (group, value), n in state.votes.pop(name, Counter()).items():
+                counts = state.counts[group]
+                counts[value] -= n
+                if counts[value] <= 0:
+                    del counts[value]
+                state.members[group].discard(name)
+                touched.add(group)
+            self._set_unit((name, rule.rule, False), ())
+            if name not in self._fleet:
+                continue
+            try:
+                votes = Counter(rule.tally(self._peer(name)))
+            except Exception:
+                broken.add(name)
+                continue
+            state.votes[name] = votes
+            for (group, value), n in votes.items():
+                state.counts.setdefault(group, Counter())[value] += n
+                state.members.setdefault(group, set()).add(name)
+                touched.add(group)
+        moved = self._settle(rule, state, touched, broken)
+        judge = {name for name in changed if name in state.votes}
+        for group in moved:
+            judge |= state.members.get(group, set())
+        for name in judge:
+            try:
+                found = rule.judge(self._peer(name), state.facts)
+            except Exception:
+                broken.add(name)
+                self._set_unit((name, rule.rule, False), ())
+            else:
+                self._set_unit((name, rule.rule, False), _dedup(found))
+        broken.discard(("conclude",))
+        try:
+            found = rule.conclude(self._policies, state.facts)
+        except Exception:
+            broken.add(("conclude",))
+        else:
+            self._set_unit((None, rule.rule, False), _dedup(found))
+
+    def _settle(
+        self, rule: PeerRule, state: _PeerState, touched: set[Hashable], broken: set[Hashable]
+    ) -> set[Hashable]:
+        """Re-settle the touched groups; those whose fact changed."""
+        moved: set[Hashable] = set()
+        for group in touched:
+            broken.discard(("group", group))
+            counts = state.counts.get(group)
+            old = state.facts.pop(group, _MISSING)
+            if not counts:
+                state.counts.pop(group, None)
+                state.members.pop(group, None)
+                new: Hashable = _MISSING
+            else:
+                try:
+                    new = rule.settle(counts)
+                except Exception:
+                    broken.add(("group", group))
+                    new = _MISSING
+                if new is not _MISSING:
+                    state.facts[group] = new
+            if new != old:
+                moved.add(group)
+        return moved
+
+    # -- output --------------------------------------------------------------------------
+
+    def _set_unit(self, key: UnitKey, found: tuple[Finding, ...]) -> None:
+        old = self._units.get(key, ())
+        if old == found:
+            return
+        self._changed_units.setdefault(key, old)
+        if found:
+            self._units[key] = found
+        else:
+            self._units.pop(key, None)
+
+    def _publish(self, enabled: set[str]) -> None:
+        failing = frozenset(rule for rule, keys in self._broken.items() if keys and rule in enabled)
+        for rule in failing:  # a rule that raised: its data-quality finding, exactly as
+            found = _dedup(run_rule(rule, self._fleet, self._policies, self._cluster,
+                                    self._now, self._thresholds))  # fmt: skip
+            self._set_unit((None, rule, True), found)
+        for rule in self._failing - failing:
+            self._set_unit((None, rule, True), ())
+        changed, self._changed_units = self._changed_units, {}
+
+        def visible(key: UnitKey) -> bool:  # a failing rule shows only its fallback
+            return key[2] == (key[1] in failing)
+
+        if failing != self._failing or sum(len(o) for o in changed.values()) > len(self._out) / 4:
+            self._failing = failing
+            self._out.reset(f for key, found in self._units.items() if visible(key) for f in found)
+            return
+        for key, old in changed.items():
+            if visible(key):
+                for f in old:
+                    self._out.remove(f)
+                for f in self._units.get(key, ()):
+                    self._out.add(f)
+
+
+_MISSING: Final = object()
