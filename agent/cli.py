@@ -30,6 +30,7 @@ from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.inventory import collect_snapshot
 from agent.lab.cli import lab
+from agent.logs import FORMATS, LEVELS, LogFormat, configure_logging
 from agent.metrics import parse_metrics_addr
 from agent.netlink import NetlinkUnavailable, netns_path
 from agent.service import AgentService, AgentSettings, with_verbs
@@ -105,11 +106,27 @@ def _host_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nicfleet-agent")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    envvar="NICFLEET_LOG_LEVEL",
+    help="Log level (overrides -v). Default: warning; info for `run`.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(FORMATS),
+    default="auto",
+    show_default=True,
+    envvar="NICFLEET_LOG_FORMAT",
+    help="json: one JSON object per line; text; auto: text on a terminal, else JSON.",
+)
+@click.pass_context
+def main(ctx: click.Context, verbose: int, log_level: str | None, log_format: LogFormat) -> None:
     """nicfleet per-node agent: reads every RDMA adapter on this host from sysfs,
     publishes what it sees over NATS, and renders lab nodes for tests and demos."""
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = log_level or ["warning", "info", "debug"][min(verbose, 2)]
+    ctx.meta["nicfleet.log_level_set"] = log_level is not None
+    configure_logging(level, log_format)
 
 
 @main.command()
@@ -320,7 +337,8 @@ def run(
         metrics_addr=metrics_addr,
     )
     _sysfs(sysfs_root)  # fail fast, before any connection attempt
-    if logging.getLogger().level > logging.INFO:
+    explicit = click.get_current_context().meta.get("nicfleet.log_level_set", False)
+    if logging.getLogger().level > logging.INFO and not explicit:
         logging.getLogger().setLevel(logging.INFO)
     asyncio.run(_serve(settings))
 

@@ -96,7 +96,8 @@ class DeltaEncoder:
 
     A full batch goes out on the first round, every `full_every` rounds (1: never a
     delta), after `resync()` (reconnect), when the previous full batch could not be sent,
-    and when the port set changed. Call `sent(message, ok)` after every publish.
+    when the port set changed, and on the first round with rates after a base without.
+    Call `sent(message, ok)` after every publish.
     """
 
     def __init__(self, *, full_every: int = DEFAULT_FULL_EVERY) -> None:
@@ -113,7 +114,13 @@ class DeltaEncoder:
 
     def encode(self, current: CounterBatch) -> CounterBatch:
         base = self._base
-        if base is not None and not self._resync and self._deltas + 1 < self.full_every:
+        if (
+            base is not None
+            and not self._resync
+            and self._deltas + 1 < self.full_every
+            # A base without rates (the first sample) would put every rate in every delta.
+            and (base.interval_s is not None or current.interval_s is None)
+        ):
             delta = delta_against(base, current)
             if delta is not None:
                 self._deltas += 1

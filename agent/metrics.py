@@ -11,7 +11,7 @@ import asyncio
 import logging
 import posixpath
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
@@ -20,7 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from agent.portmetrics import PortStates, device_plugin_families, port_families
 from proto.inventory import NodeSnapshot
+from proto.messages import CounterBatch, ResourceStatus
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,16 @@ class AgentView(Protocol):
     def collect_seconds(self) -> Mapping[str, float]: ...
     @property
     def last_snapshot(self) -> NodeSnapshot | None: ...
+    @property
+    def port_states(self) -> PortStates | None: ...
+    @property
+    def last_counters(self) -> CounterBatch | None: ...
+    @property
+    def plugin_resources(self) -> Sequence[ResourceStatus] | None: ...
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
 
 
 class AgentCollector(Collector):
@@ -66,6 +78,13 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         agent = self._agent
+        info = GaugeMetricFamily(
+            "nicfleet_agent_info",
+            "Always 1; the agent's version and node name.",
+            labels=["version", "node_name"],
+        )
+        info.add_metric([agent.version, agent.node_name], 1.0)
+        yield info
         rejected = CounterMetricFamily(
             "nicfleet_agent_desired_config_rejected",
             "Desired configs from KV nicfleet-config that did not decode or validate.",
@@ -105,6 +124,8 @@ class AgentCollector(Collector):
         for name, count in sorted(read_errors_by_file(agent.last_snapshot).items()):
             errors.add_metric([name], count)
         yield errors
+        yield from port_families(agent.last_snapshot, agent.port_states, agent.last_counters)
+        yield from device_plugin_families(agent.plugin_resources)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -1,8 +1,9 @@
 """The agent process: owns its tasks, the stop event and the order of things.
 
 Snapshots on start, reconnect, change and every `inventory_interval`; counter batches
-at a fixed interval (deltas between periodic full ones); link events as netlink or the port poll see changes. Readers read,
-pure modules decide, `publisher` sends; this module only schedules.
+at a fixed interval (deltas between periodic full ones); link events as netlink or the
+port poll see changes. Readers read, pure modules decide, `publisher` sends; this module
+only schedules.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from proto.messages import (
     DevicePluginConfig,
     DevicePluginStatus,
     LinkEvent,
+    ResourceStatus,
 )
 from proto.natsconnect import NO_SECURITY, NatsClientSecurity
 
@@ -115,6 +117,7 @@ class AgentService:
         self._ports: NetdevPorts = {}
         self._verbs: str | None = None
         self._snapshot: NodeSnapshot | None = None
+        self.last_counters: CounterBatch | None = None  # the latest full batch (metrics)
         self._status_changed = asyncio.Event()
         self.plugin: DevicePluginManager | None = None
         self.config_errors = 0  # device-plugin config versions refused (logged)
@@ -156,6 +159,23 @@ class AgentService:
     @property
     def last_snapshot(self) -> NodeSnapshot | None:
         return self._snapshot
+
+    # -- read by agent.metrics at scrape time ---------------------------------------
+    @property
+    def port_states(self) -> PortStates | None:
+        return self._states
+
+    @property
+    def plugin_resources(self) -> tuple[ResourceStatus, ...] | None:
+        return self.plugin.status() if self.plugin is not None else None
+
+    @property
+    def node_name(self) -> str:
+        return self.settings.node_name
+
+    @property
+    def version(self) -> str:
+        return __version__
 
     async def _request_resync(self) -> None:
         self._resync.set()
@@ -306,7 +326,7 @@ class AgentService:
                 stuck = _log_recovered(stuck, "counter sample")
                 self.collect_seconds["counters"] = time.perf_counter() - started
                 self._counter_seq += 1
-                previous = batch = with_rates(previous, raw)
+                previous = batch = self.last_counters = with_rates(previous, raw)
                 message = self._deltas.encode(batch)
                 self._deltas.sent(message, await self._publisher.publish(message))
             await _wait_any(stop, timeout=self.settings.counter_interval)
@@ -416,6 +436,7 @@ class AgentService:
                 event.netdev or "-",
                 event.old_state,
                 event.new_state,
+                extra={"node": event.node, "device": event.device, "port": event.port},
             )
             await self._publisher.publish(event)
 

@@ -21,6 +21,7 @@ from aggregator.alerts.setup import AlertWiring
 from aggregator.apiauth import ApiAuth, TokenFileError, load_token_file
 from aggregator.errors import AggregatorError
 from aggregator.kube import KubeSettings
+from aggregator.logs import FORMATS, LEVELS, LogFormat, configure_logging
 from aggregator.natskeys import nats_auth
 from aggregator.reviewflags import token_review_options
 from aggregator.service import AggregatorService, AggregatorSettings
@@ -144,6 +145,20 @@ def main() -> None:
 )
 @token_review_options
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    envvar="NICFLEET_LOG_LEVEL",
+    help="Log level (overrides -v). Default: info.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(FORMATS),
+    default="auto",
+    show_default=True,
+    envvar="NICFLEET_LOG_FORMAT",
+    help="json: one JSON object per line; text; auto: text on a terminal, else JSON.",
+)
 def run(
     nats_url: str | None,
     nats_security: NatsClientSecurity,
@@ -163,10 +178,11 @@ def run(
     metrics_public: bool,
     api_token_review: ReviewSettings | None,
     verbose: int,
+    log_level: str | None,
+    log_format: LogFormat,
 ) -> None:
     """Consume node messages from NATS, keep the fleet view and serve the API."""
-    level = [logging.INFO, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level or ["info", "info", "debug"][min(verbose, 2)], log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     policies: tuple[Policy, ...] = ()
     if policy_file is not None:

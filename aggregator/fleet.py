@@ -287,7 +287,7 @@ def _merge_port(base: PortCounters, change: PortCounters) -> PortCounters:
         hw_counters=_merged(base.hw_counters, change.hw_counters, gone.get("hw_counters")),
         rx_bytes=None if "rx_bytes" in gone else _or(change.rx_bytes, base.rx_bytes),
         tx_bytes=None if "tx_bytes" in gone else _or(change.tx_bytes, base.tx_bytes),
-        rates=_merged(base.rates, change.rates, None),
+        rates=_merged(base.rates, change.rates, gone.get("rates")),
         removed=(),
     )
 

@@ -87,5 +87,7 @@ class Ingest:
         key = (subject, reason)
         if key not in self._logged and len(self._logged) < _MAX_LOGGED:
             self._logged.add(key)
-            log.warning("dropped message on %s (%s): %s", subject, reason, detail)
+            log.warning(
+                "dropped message on %s (%s): %s", subject, reason, detail, extra={"kind": kind}
+            )
         return False

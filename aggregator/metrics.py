@@ -1,14 +1,27 @@
 """The aggregator's own Prometheus metrics, created on an explicit registry.
 
 No module-level collectors: every process (and every test) builds its own `Metrics`
-on its own `CollectorRegistry` and passes it down.
+on its own `CollectorRegistry` and passes it down. `FleetCollector` reads the fleet and
+the alert engine at scrape time (nodes by state, findings and firing alerts by rule).
 """
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from aggregator.fleet import NODE_STATES, Fleet, node_state
+from aggregator.rules.finding import Finding
+from proto import subjects
+from proto.messages import Alert
+
+RECONCILE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 @dataclass(frozen=True)
@@ -18,8 +31,8 @@ class Metrics:
     rejected: Counter
     kv_writes: Counter
     kv_write_errors: Counter
-    nodes: Gauge
     nats_connected: Gauge
+    reconcile_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -42,10 +55,91 @@ class Metrics:
                 "nicfleet_kv_writes", "Successful KV writes, by bucket.", ["bucket"], registry=reg
             ),
             kv_write_errors=Counter(
-                "nicfleet_kv_write_errors", "Failed KV writes, by bucket.", ["bucket"], registry=reg
+                "nicfleet_kv_write_errors",
+                "Failed KV writes, by bucket (nicfleet-nodes, nicfleet-config).",
+                ["bucket"],
+                registry=reg,
             ),
-            nodes=Gauge("nicfleet_nodes", "Nodes known to the aggregator.", registry=reg),
             nats_connected=Gauge(
                 "nicfleet_nats_connected", "1 while connected to NATS.", registry=reg
             ),
+            reconcile_seconds=Histogram(
+                "nicfleet_reconcile_duration_seconds",
+                "Time of one reconcile round (plan, statuses and, when leading, the writes).",
+                buckets=RECONCILE_BUCKETS,
+                registry=reg,
+            ),
         )
+
+    def reconcile_round(self, seconds: float, kv_errors: int) -> None:
+        """One reconcile round took `seconds`; `kv_errors` config writes failed in it."""
+        self.reconcile_seconds.observe(seconds)
+        if kv_errors:
+            self.kv_write_errors.labels(subjects.KV_CONFIG).inc(kv_errors)
+
+    def watch_fleet(
+        self,
+        fleet: Fleet,
+        *,
+        clock: Callable[[], float],
+        stale_after: float,
+        alerts: Callable[[], Iterable[Alert]],
+        findings: Callable[[], Iterable[Finding]],
+    ) -> None:
+        """Export the scrape-time families of `FleetCollector` on this registry."""
+        self.registry.register(FleetCollector(fleet, clock, stale_after, alerts, findings))
+
+
+class FleetCollector(Collector):
+    """Nodes by state, findings and firing alerts by rule and severity, at scrape time."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        clock: Callable[[], float],
+        stale_after: float,
+        alerts: Callable[[], Iterable[Alert]],
+        findings: Callable[[], Iterable[Finding]],
+    ) -> None:
+        self._fleet, self._clock, self._stale_after = fleet, clock, stale_after
+        self._alerts, self._findings = alerts, findings
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # names are known only by collecting; nothing to check at register
+
+    def collect(self) -> Iterator[Metric]:
+        nodes = GaugeMetricFamily(
+            "nicfleet_nodes",
+            "Nodes known to the aggregator, by state (ready, stale, no-snapshot).",
+            labels=["state"],
+        )
+        for state, count in sorted(
+            nodes_by_state(self._fleet, self._clock(), self._stale_after).items()
+        ):
+            nodes.add_metric([state], count)
+        yield nodes
+        yield _by_rule(
+            "nicfleet_alerts_firing",
+            "Alerts firing now (leader only), by rule and severity.",
+            ((a.rule, a.severity) for a in self._alerts()),
+        )
+        yield _by_rule(
+            "nicfleet_findings",
+            "Findings of the last rule evaluation, by rule and severity.",
+            ((f.rule, f.severity) for f in self._findings()),
+        )
+
+
+def nodes_by_state(fleet: Fleet, now: float, stale_after: float) -> dict[str, int]:
+    """Pure: every state present, zero when no node is in it (no vanishing series)."""
+    counts: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
+    for record in fleet.records():
+        counts[node_state(record, now, stale_after)] += 1
+    return counts
+
+
+def _by_rule(name: str, documentation: str, keys: Iterable[tuple[str, str]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=["rule", "severity"])
+    for (rule, severity), count in sorted(Tally(keys).items()):
+        family.add_metric([rule, severity], count)
+    return family

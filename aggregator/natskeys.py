@@ -1,8 +1,8 @@
 """NKey seed files for nicfleet's NATS identities, and `nicfleet-aggregator nats-auth`.
 
-Generates one user seed per agent node plus one for the aggregator (mode 0600, kept on
-re-runs unless rotated) and writes the server config that `aggregator.natsauth` renders
-from their public keys. Seeds never leave these files; the config holds public keys only.
+Generates one user seed per agent node, per alert observer and for the aggregator (mode
+0600, kept on re-runs unless rotated) and writes the server config that
+`aggregator.natsauth` renders from their public keys. Seeds stay in their files.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from proto.natsconnect import NatsSecurityError, read_user_seed
 SERVER_CONFIG = "server-auth.conf"
 AGGREGATOR_SEED = "aggregator.nk"
 AGENTS_DIR = "agents"
+OBSERVERS_DIR = "observers"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +30,7 @@ class Provisioned:
     config: Path
     aggregator_seed: Path
     agent_seeds: dict[str, Path]  # node -> seed file
+    observer_seeds: dict[str, Path]  # name -> seed file (alert readers)
     created: tuple[str, ...]  # identities whose seed was written this run
     kept: tuple[str, ...]
 
@@ -37,6 +39,7 @@ class Provisioned:
             "config": str(self.config),
             "aggregator_seed": str(self.aggregator_seed),
             "agent_seeds": {node: str(path) for node, path in sorted(self.agent_seeds.items())},
+            "observer_seeds": {n: str(path) for n, path in sorted(self.observer_seeds.items())},
             "created": list(self.created),
             "kept": list(self.kept),
         }
@@ -76,30 +79,35 @@ def provision(
     *,
     rotate: bool = False,
     tls: ServerTls | None = None,
+    observers: tuple[str, ...] = (),
 ) -> Provisioned:
     """Seeds for the aggregator and every node under `out`, and the server config.
 
     Seeds of nodes already present in `out/agents` are kept (and stay authorized) even
     when not named again, so re-running with more nodes only adds users.
     """
-    for node in nodes:
-        subjects.validate_node_name(node)
-    agents_dir = out / AGENTS_DIR
-    known = {p.stem for p in agents_dir.glob("*.nk")} if agents_dir.is_dir() else set()
+    for name in (*nodes, *observers):
+        subjects.validate_node_name(name)
     created: list[str] = []
     kept: list[str] = []
     aggregator_seed = out / AGGREGATOR_SEED
     key, new = _ensure_seed(aggregator_seed, rotate=rotate)
     (created if new else kept).append("aggregator")
     identities = [Identity(Role.AGGREGATOR, key)]
-    seeds: dict[str, Path] = {}
-    for node in sorted(known | set(nodes)):
-        subjects.validate_node_name(node)
-        path = agents_dir / f"{node}.nk"
-        key, new = _ensure_seed(path, rotate=rotate)
-        (created if new else kept).append(f"agent/{node}")
-        identities.append(Identity(Role.AGENT, key, node))
-        seeds[node] = path
+    seeds: dict[Role, dict[str, Path]] = {Role.AGENT: {}, Role.OBSERVER: {}}
+    for role, directory, named in (
+        (Role.AGENT, out / AGENTS_DIR, nodes),
+        (Role.OBSERVER, out / OBSERVERS_DIR, observers),
+    ):
+        known = {p.stem for p in directory.glob("*.nk")} if directory.is_dir() else set()
+        for name in sorted(known | set(named)):
+            subjects.validate_node_name(name)
+            path = directory / f"{name}.nk"
+            key, new = _ensure_seed(path, rotate=rotate)
+            (created if new else kept).append(f"{role}/{name}")
+            node = name if role is Role.AGENT else None
+            identities.append(Identity(role, key, node))
+            seeds[role][name] = path
     config = out / SERVER_CONFIG
     text = render_server_config(tuple(identities), tls=tls)
     tmp = config.with_name(config.name + ".tmp")
@@ -108,7 +116,8 @@ def provision(
     return Provisioned(
         config=config,
         aggregator_seed=aggregator_seed,
-        agent_seeds=seeds,
+        agent_seeds=seeds[Role.AGENT],
+        observer_seeds=seeds[Role.OBSERVER],
         created=tuple(created),
         kept=tuple(kept),
     )
@@ -132,6 +141,8 @@ def _nodes_from_file(path: Path) -> list[str]:
     type=click.Path(path_type=Path, file_okay=False),
     help=f"Directory for {SERVER_CONFIG}, {AGGREGATOR_SEED} and {AGENTS_DIR}/<node>.nk.",
 )
+@click.option("--observer", "observers", multiple=True,
+              help="An alert reader (subscribe nicfleet.v1.alert.> only; repeatable).")  # fmt: skip
 @click.option("--rotate", is_flag=True, help="Replace existing seeds with new ones.")
 @click.option("--tls-cert", type=click.Path(path_type=Path, dir_okay=False),
               help="Server certificate: adds a tls block that requires client certs.")  # fmt: skip
@@ -144,6 +155,7 @@ def _nodes_from_file(path: Path) -> list[str]:
 def nats_auth(
     nodes: tuple[str, ...],
     nodes_file: Path | None,
+    observers: tuple[str, ...],
     out: Path,
     rotate: bool,
     tls_cert: Path | None,
@@ -159,11 +171,12 @@ def nats_auth(
             names += _nodes_from_file(nodes_file)
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(str(exc), param_hint="--nodes-file") from exc
-    for name in names:
-        try:
-            subjects.validate_node_name(name)
-        except subjects.InvalidNodeName as exc:
-            raise click.BadParameter(str(exc), param_hint="--node") from exc
+    for flag, given in (("--node", names), ("--observer", observers)):
+        for name in given:
+            try:
+                subjects.validate_node_name(name)
+            except subjects.InvalidNodeName as exc:
+                raise click.BadParameter(str(exc), param_hint=flag) from exc
     if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
         raise click.BadParameter("give --tls-cert and --tls-key (and --tls-ca) together",
                                  param_hint="--tls-cert")  # fmt: skip
@@ -172,7 +185,7 @@ def nats_auth(
         tls = ServerTls(cert_file=tls_cert.resolve(), key_file=tls_key.resolve(),
                         ca_file=tls_ca.resolve() if tls_ca else None)  # fmt: skip
     try:
-        done = provision(out, tuple(names), rotate=rotate, tls=tls)
+        done = provision(out, tuple(names), rotate=rotate, tls=tls, observers=observers)
     except (NatsSecurityError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if output == "json":

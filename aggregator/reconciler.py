@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import msgspec
 
@@ -62,6 +63,10 @@ class ReconcileReport(msgspec.Struct, frozen=True, kw_only=True):
     errors: tuple[str, ...] = ()  # policy-document errors, then failed writes
 
 
+class RoundObserver(Protocol):
+    def reconcile_round(self, seconds: float, kv_errors: int) -> None: ...
+
+
 class Reconciler:
     def __init__(
         self,
@@ -76,8 +81,10 @@ class Reconciler:
         is_leader: Callable[[], bool] = lambda: True,
         observed_generation: Callable[[str], int | None] = lambda _name: None,
         clock: Callable[[], float] = time.time,
+        observer: RoundObserver | None = None,  # round duration, failed KV writes (metrics)
     ) -> None:
         self.settings = settings
+        self._observer = observer
         self._fleet = fleet
         self._changes = changes
         self._policies = policies
@@ -129,6 +136,8 @@ class Reconciler:
                     return
 
     async def reconcile_once(self) -> ReconcileReport:
+        started = time.perf_counter()
+        kv_errors = 0
         self._policies.refresh()
         self._policies.changed.clear()
         current = self._policies.current()
@@ -163,7 +172,8 @@ class Reconciler:
         changes = [c for n, s in statuses.items() for c in status_changes(self._statuses.get(n), s)]
         if leader:
             if self._store is not None and new.actions:
-                errors += await self._store.apply(new.actions)
+                failed = await self._store.apply(new.actions)
+                kv_errors, errors = len(failed), errors + failed
                 log.info("reconcile: %d config actions", len(new.actions))
             if self._kube is not None:
                 stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -180,6 +190,8 @@ class Reconciler:
             new, statuses, current.policies, current.version, leader, now, errors
         )
         self.rounds += 1
+        if self._observer is not None:
+            self._observer.reconcile_round(time.perf_counter() - started, kv_errors)
         self.updated.set()
         return self._latest
 

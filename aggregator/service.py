@@ -47,6 +47,7 @@ from aggregator.rules.finding import Finding
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
 from proto import subjects
+from proto.messages import Alert
 from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
 from proto.policy import Policy
 
@@ -113,6 +114,13 @@ class AggregatorService:
         self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
+        self.metrics.watch_fleet(
+            self.fleet,
+            clock=clock,
+            stale_after=settings.stale_after,
+            alerts=self._firing_alerts,
+            findings=self._findings,
+        )
 
     def readiness(self) -> tuple[bool, str]:
         if self._nc is None or not self._nc.is_connected:
@@ -196,6 +204,7 @@ class AggregatorService:
                 is_leader=lambda: leader.is_leader,
                 observed_generation=self._observed_generation,
                 clock=self.clock,
+                observer=self.metrics,
             )
             self.alerts = await open_alert_engine(
                 nc=nc,
@@ -216,7 +225,6 @@ class AggregatorService:
             self.ready.set()
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._writer.run(stop))
-                tasks.create_task(self._track_nodes(stop))
                 tasks.create_task(policy_source.run(stop))
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
@@ -337,11 +345,14 @@ class AggregatorService:
         self.token_reviewer = TokenReviewer(self._kube.review_token, review, clock=time.monotonic)
         return self.token_reviewer
 
-    async def _track_nodes(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.metrics.nodes.set(len(self.fleet))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+    def _firing_alerts(self) -> list[Alert]:
+        """For /metrics: only the leader runs the alert lifecycle."""
+        if self.alerts is None or self.leader is None or not self.leader.is_leader:
+            return []
+        return self.alerts.firing()
+
+    def _findings(self) -> tuple[Finding, ...]:
+        return self.alerts.findings if self.alerts is not None else ()
 
     def _write_ready_file(self) -> None:
         path = self.settings.ready_file

@@ -88,7 +88,8 @@ class Aggregator:
 
     def __init__(self, nats_url: str, workdir: Path) -> None:
         self.ready_file = workdir / "aggregator.ready"
-        self.log = (workdir / "aggregator.log").open("wb")
+        self.log_path = workdir / "aggregator.log"
+        self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [
                 PY,
@@ -111,7 +112,8 @@ class Aggregator:
     async def ready(self, http: aiohttp.ClientSession) -> None:
         async def up() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"aggregator exited with {self.proc.returncode}")
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"aggregator exited with {self.proc.returncode}:\n{tail}")
             return self.ready_file.exists()
 
         await wait_for(up, 60, "the aggregator's ready file")
@@ -150,6 +152,15 @@ class Aggregator:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+    def nats_trouble(self) -> dict[str, int]:
+        """How often the aggregator logged a lost connection / a NATS error."""
+        text = self.log_path.read_text(errors="replace")
+        return {
+            "disconnected": text.count("disconnected from NATS"),
+            "nats_errors": text.count("NATS error"),
+            "slow_consumer": text.lower().count("slow consumer"),
+        }
 
 
 class Bare:
@@ -278,6 +289,7 @@ async def measure(
                     processes=args.processes,
                     duration_s=args.duration,
                     hz=args.hz,
+                    snapshot_rate=args.snapshot_rate,
                     shape=args.shape,
                     port_down=spread_port_downs(
                         nodes, args.port_downs, args.warmup, args.duration - 3
@@ -320,6 +332,7 @@ async def measure(
                     await wait_for(drained, 30, "the aggregator to drain", 0.0)
                     final = await agg.applied(http)
                 result["nats_after"] = await nats_monitor(http, mon)
+                result["aggregator_nats_trouble"] = agg.nats_trouble()
                 await asyncio.sleep(args.every)  # one more bare report line
             finally:
                 if gen is not None:
@@ -440,6 +453,7 @@ def analyse(
     out["aggregator_lost"] = sent - out["aggregator_applied_total"]
     bare_total = bare.counters()
     out["bare_lost"] = sent - bare_total
+    out["bare_nats_errors"] = bare.lines[-1]["errors"]["nats"] if bare.lines else None
     latencies = [alerts[node] - at for node, at in load["events"] if node in alerts]
     out["alerts"] = {
         "injected": len(load["events"]),
@@ -482,9 +496,23 @@ MEDIAN_KEYS: Final = (
 )
 
 
+def tree_state() -> dict[str, Any]:
+    """The commit measured and how many files differed from it (others edit concurrently)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "changed_files": len(git("status", "--porcelain").splitlines()),
+    }
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tpl = build_templates(args.shape)
     results: dict[str, Any] = {
+        "tree": tree_state(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -569,6 +597,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs per point (median)")
     parser.add_argument("--every", type=float, default=1.0, help="sampling interval (s)")
     parser.add_argument("--snapshot-timeout", type=float, default=300.0)
+    parser.add_argument("--snapshot-rate", type=float, default=250.0, help="snapshots/s at start")
     parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
     parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
     parser.add_argument("--profile-at", type=int, help="py-spy the aggregator at this count")

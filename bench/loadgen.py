@@ -58,7 +58,7 @@ class LoadSpec:
     processes: int = 2
     duration_s: float = 20.0  # of counter publishing
     hz: float = 1.0
-    snapshot_rate: float = 1000.0  # snapshots/s over all processes (agents start staggered)
+    snapshot_rate: float = 250.0  # snapshots/s over all processes (agents start staggered)
     prefix: str = "sim"
     shape: NodeShape = field(default_factory=NodeShape)
     # (node index, seconds after the counter start) of each injected port-down event

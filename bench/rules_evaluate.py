@@ -1,8 +1,9 @@
-"""How long `evaluate()` takes over a fleet of N copies of the 12-NIC lab node.
+"""How long rule evaluation takes over a fleet of N copies of the 12-NIC lab node: the full
+`evaluate()` side by side with `IncrementalRules` (first call, one node changed, tick).
 
 Renders `h100-ib-12nic` once, reads it with the agent, clones the snapshot under N node
-names (each with a counter batch carrying rates), and reports the median and max of
-several full evaluations. Not a test: numbers go to stdout (`--json` for scripts).
+names (each with a counter batch carrying rates); reports medians and maxima. Not a
+test: numbers go to stdout (`--json` for scripts).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from agent.lab.render import render
 from agent.lab.spec import load_builtin
 from agent.sysfs import Sysfs
 from aggregator.fleet import Fleet
+from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.registry import evaluate
-from proto.messages import CounterBatch, PortCounters
+from proto.messages import CounterBatch, LinkEvent, PortCounters
 
 NOW = 1_800_000_000.0
 
@@ -50,33 +52,84 @@ def build(nodes: int) -> Fleet:
     return fleet
 
 
+def _ms(times: list[float]) -> dict[str, float]:
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 2),
+        "max_ms": round(max(times) * 1000, 2),
+    }
+
+
+def _timed(incremental: IncrementalRules | None, fleet: Fleet, now: float) -> float:
+    """Seconds of one evaluation: incremental, or full when `incremental` is None."""
+    start = time.perf_counter()
+    if incremental is None:
+        evaluate(fleet.view(), (), now=now)
+    else:
+        incremental.evaluate(fleet.view(), (), now=now)
+    return time.perf_counter() - start
+
+
+def measure(nodes: int, runs: int, samples: int) -> dict[str, object]:
+    """Full evaluation vs the incremental evaluator on the same fleet: its first call
+    (everything), after one node's counter batch or port event, and a tick (no change)."""
+    fleet = build(nodes)
+    names = fleet.names()
+    full = [_timed(None, fleet, NOW) for _ in range(runs)]
+    rebuild: list[float] = []
+    for _ in range(runs):
+        incremental = IncrementalRules()
+        rebuild.append(_timed(incremental, fleet, NOW))
+    counters, event, tick = [], [], []
+    for i in range(samples):
+        name = names[(i * 7919) % len(names)]  # spread over the fleet
+        record = fleet.get(name)
+        assert record is not None and record.counters is not None
+        batch = msgspec.structs.replace(record.counters, seq=record.counters.seq + 1)
+        fleet.apply_counters(batch, received_at=NOW + i)
+        counters.append(_timed(incremental, fleet, NOW + i))
+        down = LinkEvent(node=name, seq=i + 1, kind="port-state", device="mlx5_0", port=1,
+                         old_state="ACTIVE", new_state="DOWN", phys_state="Disabled",
+                         observed_at=NOW + i)  # fmt: skip
+        fleet.apply_event(down, received_at=NOW + i)
+        event.append(_timed(incremental, fleet, NOW + i))
+        tick.append(_timed(incremental, fleet, NOW + i + 0.5))
+    found = incremental.evaluate(fleet.view(), (), now=NOW + samples)
+    same = found == evaluate(fleet.view(), (), now=NOW + samples)
+    return {
+        "nodes": nodes,
+        "adapters_per_node": 12,
+        "runs": runs,
+        "samples": samples,
+        "findings": len(found),
+        "incremental_equals_full": same,
+        "full": _ms(full),
+        "incremental_first": _ms(rebuild),
+        "incremental_one_counter_batch": _ms(counters),
+        "incremental_one_port_event": _ms(event),
+        "incremental_tick": _ms(tick),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000, 10000])
+    parser.add_argument("--runs", type=int, default=5, help="full evaluations per size")
+    parser.add_argument("--samples", type=int, default=21, help="incremental steps per size")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
-    fleet = build(args.nodes)
-    times, findings = [], 0
-    for _ in range(args.runs):
-        start = time.perf_counter()
-        findings = len(evaluate(fleet.view(), (), now=NOW))
-        times.append(time.perf_counter() - start)
-    result = {
-        "nodes": args.nodes,
-        "adapters_per_node": 12,
-        "runs": args.runs,
-        "findings": findings,
-        "median_ms": round(statistics.median(times) * 1000, 1),
-        "max_ms": round(max(times) * 1000, 1),
-    }
+    results = [measure(n, args.runs, args.samples) for n in args.nodes]
     if args.json:
-        print(json.dumps(result))
-    else:
-        print(
-            f"evaluate: {args.nodes} nodes x 12 adapters, {findings} findings: "
-            f"median {result['median_ms']} ms, max {result['max_ms']} ms over {args.runs} runs"
-        )
+        print(json.dumps({"results": results}))
+        return
+    for r in results:
+        same = r["incremental_equals_full"]
+        print(f"{r['nodes']} nodes x 12 adapters, {r['findings']} findings "
+              f"(incremental == full: {same}), median / max ms:")  # fmt: skip
+        for key in ("full", "incremental_first", "incremental_one_counter_batch",
+                    "incremental_one_port_event", "incremental_tick"):  # fmt: skip
+            ms = r[key]
+            assert isinstance(ms, dict)
+            print(f"  {key:32} {ms['median_ms']:>10} {ms['max_ms']:>10}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ class NatsSecurityError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class NatsClientSecurity:
-    nkey_seed_file: Path | None = None  # a user seed (SU...), as `nats-aggregator nats-auth` writes
+    # A user seed (SU...), one of those `nicfleet-aggregator nats-auth` writes.
+    nkey_seed_file: Path | None = None
     user: str | None = None
     password_file: Path | None = None
     tls_ca: Path | None = None  # verify the server against this CA (TLS on)

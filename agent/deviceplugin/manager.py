@@ -205,7 +205,13 @@ class DevicePluginManager:
             log.exception("%s: planning failed; keeping the previous device list", name)
             return
         if res.feed.publish(plan):
-            log.info("%s: %d devices, %d healthy", name, len(plan.devices), plan.healthy_count)
+            log.info(
+                "%s: %d devices, %d healthy",
+                name,
+                len(plan.devices),
+                plan.healthy_count,
+                extra={"resource": name},
+            )
 
     def _plans(self) -> list[ResourcePlan]:
         return [res.feed.plan for res in self._resources.values()]

@@ -224,12 +224,16 @@ class AlertEngine:
             return
         for alert in transitions:
             self.metrics.transitions.labels(alert.state).inc()
+            fields = {"rule": alert.rule, "node": alert.node, "severity": alert.severity}
+            log.info("alert %s: %s %s", alert.state, alert.subject, alert.message, extra=fields)
             if self._nc is not None:
                 try:
                     await publish_alert(self._nc, alert)
                 except (NatsError, OSError, TimeoutError) as exc:
                     self.metrics.publish_errors.inc()
-                    log.warning("publishing alert %s failed: %s", alert.fingerprint, exc)
+                    log.warning(
+                        "publishing alert %s failed: %s", alert.fingerprint, exc, extra=fields
+                    )
             if alert.severity == "critical" and alert.node != FLEET_NODE:
                 try:
                     self._event_queue.put_nowait(alert)
@@ -262,7 +266,12 @@ class AlertEngine:
                 )
             except Exception as exc:
                 self.metrics.events.labels("failed").inc()
-                log.warning("Kubernetes Event for alert %s failed: %s", alert.fingerprint, exc)
+                log.warning(
+                    "Kubernetes Event for alert %s failed: %s",
+                    alert.fingerprint,
+                    exc,
+                    extra={"rule": alert.rule, "node": alert.node},
+                )
             else:
                 self.metrics.events.labels("ok").inc()
 

@@ -1,4 +1,7 @@
-"""Prometheus metrics of the alert engine and its deliveries, on an explicit registry."""
+"""Prometheus metrics of the alert engine and its deliveries, on an explicit registry.
+
+Firing alerts and findings by rule are exported by aggregator.metrics.FleetCollector.
+"""
 
 from __future__ import annotations
 
@@ -44,8 +47,10 @@ class AlertMetrics:
                 ["state"],
                 registry=reg,
             ),
-            firing=Gauge("nicfleet_alerts_firing", "Alerts firing now.", registry=reg),
-            findings=Gauge("nicfleet_findings", "Findings of the last evaluation.", registry=reg),
+            # Totals the engine keeps; not exported: aggregator.metrics.FleetCollector
+            # exports both by rule and severity under these names at scrape time.
+            firing=Gauge("nicfleet_alerts_firing", "Alerts firing now.", registry=None),
+            findings=Gauge("nicfleet_findings", "Findings of the last evaluation.", registry=None),
             publish_errors=Counter(
                 "nicfleet_alert_publish_errors",
                 "Alert publishes to NATS that failed.",

@@ -2,7 +2,7 @@
 broker, optional Alertmanager sender, and the rule evaluation it runs.
 
 Only wiring; the parts live in their own modules. `AllRules` runs every rule of
-`aggregator.rules.registry` with the policies' `alerts` thresholds and timings.
+`aggregator.rules.registry` (incrementally) with the policies' `alerts` thresholds/timings.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from aggregator.changes import Subscription
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import Fleet
 from aggregator.kube import KubeClient
-from aggregator.rules import registry
 from aggregator.rules.finding import Finding
+from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds, thresholds_for
 from aggregator.store import open_bucket
 from proto import subjects
@@ -59,6 +59,9 @@ class AllRules:
         self._extra = extra  # findings computed elsewhere (e.g. the NicClusterPolicy audit)
         self._policies: tuple[Policy, ...] | None = None
         self._thresholds: tuple[Thresholds, tuple[Finding, ...]] = (DEFAULT_THRESHOLDS, ())
+        # Same findings as registry.evaluate, re-run only for nodes changed since the last
+        # call (and time rules on every tick); policies/cluster/thresholds changing: all.
+        self._incremental = IncrementalRules()
 
     def _parsed(self, policies: tuple[Policy, ...]) -> tuple[Thresholds, tuple[Finding, ...]]:
         if policies is not self._policies:
@@ -70,7 +73,9 @@ class AllRules:
         self, fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
     ) -> Sequence[Finding]:
         thresholds, problems = self._parsed(policies)
-        found = registry.evaluate(fleet.view(), policies, cluster, now, thresholds=thresholds)
+        found = self._incremental.evaluate(
+            fleet.view(), policies, cluster, now, thresholds=thresholds
+        )
         extra = self._extra() if self._extra is not None else ()
         return [*problems, *found, *extra]
 

@@ -7,14 +7,13 @@ Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Final
+from typing import Final, cast
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
+from aggregator.rules.duetimes import DueNodes
 from aggregator.rules.finding import Finding
 from aggregator.rules.peers import Peer, PeerRule
 from aggregator.rules.registry import (
@@ -29,7 +28,6 @@ from aggregator.rules.sortedfindings import SortedFindings
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.policy import Policy
 
-SLACK_S: Final = 1.0  # a time rule is re-run from this long before it may first report
 UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
 
 
@@ -38,6 +36,17 @@ def _dedup(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     for f in findings:
         seen.setdefault(f.fingerprint, f)
     return tuple(seen.values())
+
+
+def _same_labels(old: ClusterView, new: ClusterView) -> bool:
+    """Rules read only the cluster's node labels (through policy selection)."""
+    if old.present != new.present:
+        return False
+    if old.nodes is new.nodes:
+        return True
+    if old.nodes.keys() != new.nodes.keys():
+        return False
+    return all(node.labels == old.nodes[name].labels for name, node in new.nodes.items())
 
 
 class _PeerState:
@@ -61,9 +70,7 @@ class IncrementalRules:
         self._broken: dict[str, set[Hashable]] = {}  # rule -> nodes/groups it raised on
         self._failing: frozenset[str] = frozenset()
         self._peers: dict[str, _PeerState] = {}
-        self._due: dict[str, dict[str, float]] = {}
-        self._heap: dict[str, list[tuple[float, str]]] = {}
-        self._active: dict[str, set[str]] = {}
+        self._due: dict[str, DueNodes] = {}
         self._out = SortedFindings()
         self.rebuilds = 0  # full recomputations (first call, policies/cluster/thresholds)
 
@@ -77,6 +84,20 @@ class IncrementalRules:
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
     ) -> list[Finding]:
         """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...)` returns."""
+        try:
+            return self._evaluate(fleet, policies, cluster, now, thresholds)
+        except BaseException:
+            self._context = None  # half updated: start over next time
+            raise
+
+    def _evaluate(
+        self,
+        fleet: Mapping[str, NodeRecord],
+        policies: tuple[Policy, ...],
+        cluster: ClusterView,
+        now: float,
+        thresholds: Thresholds,
+    ) -> list[Finding]:
         self._fleet, self._policies, self._cluster = fleet, policies, cluster
         self._now, self._thresholds = now, thresholds
         self._changed_units: dict[UnitKey, tuple[Finding, ...]] = {}
@@ -90,6 +111,7 @@ class IncrementalRules:
             record = fleet.get(name)
             if record is None:
                 self._records.pop(name, None)
+                self._selecting.pop(name, None)
             else:
                 self._records[name] = record
         for rule in NODE_RULES:
@@ -109,12 +131,16 @@ class IncrementalRules:
     def _same_context(
         self, policies: tuple[Policy, ...], cluster: ClusterView, thresholds: Thresholds
     ) -> bool:
-        context = (policies, cluster.present, cluster.nodes, thresholds)
+        context = (policies, cluster, thresholds)
         old, self._context = self._context, context
         if old is None:
             return False
-        # Rules read only the cluster's node labels (through policy selection).
-        return all(a is b or a == b for a, b in zip(old, context, strict=True))
+        old_policies, old_cluster, old_thresholds = old
+        return (
+            (old_policies is policies or old_policies == policies)
+            and (old_thresholds is thresholds or old_thresholds == thresholds)
+            and _same_labels(cast(ClusterView, old_cluster), cluster)
+        )
 
     def _start_over(self) -> None:
         self.rebuilds += 1
@@ -124,9 +150,7 @@ class IncrementalRules:
             self._set_unit(key, ())
         self._broken = {}
         self._peers = {rule: _PeerState() for rule in PEER_RULES}
-        self._due = {rule: {} for rule in TIME_RULES}
-        self._heap = {rule: [] for rule in TIME_RULES}
-        self._active = {rule: set() for rule in TIME_RULES}
+        self._due = {rule: DueNodes() for rule in TIME_RULES}
 
     def _changed_nodes(self, fleet: Mapping[str, NodeRecord]) -> set[str]:
         records = self._records
@@ -184,33 +208,14 @@ class IncrementalRules:
         self._set_unit((name, rule, False), ())
 
     def _run_timed(self, rule: str, changed: set[str]) -> None:
-        due, heap, active = self._due[rule], self._heap[rule], self._active[rule]
-        when = TIME_RULES[rule]
+        due, when = self._due[rule], TIME_RULES[rule]
         for name in changed:
-            active.discard(name)
-            due.pop(name, None)
             self._clear_local(rule, name)
             record = self._fleet.get(name)
-            if record is None:
-                continue
-            due[name] = at = when(record, self._thresholds)
-            if math.isnan(at):
-                active.add(name)
-            else:
-                heapq.heappush(heap, (at, name))
-        if len(heap) > 2 * len(due) + 64:  # drop entries superseded by later messages
-            heap[:] = [(at, n) for n, at in due.items() if n not in active and not math.isnan(at)]
-            heapq.heapify(heap)
-        while heap and heap[0][0] - SLACK_S <= self._now:
-            at, name = heapq.heappop(heap)
-            if due.get(name) == at:
-                active.add(name)
-        waiting = {n for n in active if due[n] - SLACK_S > self._now}  # the clock went back
-        for name in waiting:
-            active.discard(name)
-            heapq.heappush(heap, (due[name], name))
+            due.set(name, None if record is None else when(record, self._thresholds))
+        for name in due.advance(self._now):
             self._clear_local(rule, name)
-        self._run_local(rule, active)
+        self._run_local(rule, due.active)
 
     # -- peer rules ----------------------------------------------------------------------
 
@@ -319,7 +324,8 @@ class IncrementalRules:
         def visible(key: UnitKey) -> bool:  # a failing rule shows only its fallback
             return key[2] == (key[1] in failing)
 
-        if failing != self._failing or sum(len(o) for o in changed.values()) > len(self._out) / 4:
+        moved = sum(len(old) + len(self._units.get(key, ())) for key, old in changed.items())
+        if failing != self._failing or moved > len(self._out) / 4:
             self._failing = failing
             self._out.reset(f for key, found in self._units.items() if visible(key) for f in found)
             return

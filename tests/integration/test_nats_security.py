@@ -41,7 +41,7 @@ CONFIG_STREAM = f"KV_{subjects.KV_CONFIG}"
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Provisioned:
-    return provision(tmp_path / "auth", (NODE_A, NODE_B))
+    return provision(tmp_path / "auth", (NODE_A, NODE_B), observers=("pager",))
 
 
 @pytest.fixture
@@ -171,6 +171,28 @@ async def test_aggregator_cannot_forge_agent_data(server: NatsServer, keys: Prov
         await nc.publish(subjects.node_subject(NODE_A, subjects.SNAPSHOT), b"x")
         await nc.flush()
         await wait_until(lambda: errors.has("Permissions Violation for Publish"), what="refusal")
+
+
+async def test_observer_reads_alerts_and_nothing_else(
+    server: NatsServer, keys: Provisioned
+) -> None:
+    errors = Errors()
+    observer = NatsClientSecurity(nkey_seed_file=keys.observer_seeds["pager"])
+    aggregator_id = NatsClientSecurity(nkey_seed_file=keys.aggregator_seed)
+    async with (
+        client(server.url, observer, errors=errors) as nc,
+        client(server.url, aggregator_id) as agg,
+    ):
+        alerts = await nc.subscribe(subjects.ALERT_WILDCARD)
+        await nc.subscribe(subjects.NODE_WILDCARD)
+        await nc.publish(subjects.alert_subject("critical", "port-down", NODE_A), b"forged")
+        await nc.flush()
+        await agg.publish(subjects.alert_subject("warning", "port-down", NODE_A), b"real")
+        await agg.flush()
+        msg = await alerts.next_msg(timeout=5)
+        assert msg.data == b"real"  # the observer's own publish never arrived first
+        await wait_until(lambda: errors.has("violation for subscription"), what="sub refused")
+        await wait_until(lambda: errors.has("violation for publish"), what="publish refused")
 
 
 def desired(node: str, generation: int) -> DesiredConfig:

@@ -18,8 +18,10 @@ from prometheus_client.exposition import generate_latest
 
 from agent.cli import main
 from agent.metrics import MetricsServer, agent_registry, parse_metrics_addr, read_errors_by_file
+from agent.portmetrics import PORT_COUNTERS, PortStates, counter_errors_by_group, port_states
 from agent.publisher import PublishStats
 from proto.inventory import NodeSnapshot, ReadError
+from proto.messages import CounterBatch, PortCounters, ResourceStatus
 from tests.builders import device, snapshot
 
 
@@ -37,6 +39,11 @@ class FakeAgent:
     publish_stats: PublishStats = field(default_factory=PublishStats)
     collect_seconds: Mapping[str, float] = field(default_factory=dict)
     last_snapshot: NodeSnapshot | None = None
+    port_states: PortStates | None = None
+    last_counters: CounterBatch | None = None
+    plugin_resources: tuple[ResourceStatus, ...] | None = None
+    node_name: str = "node-a"
+    version: str = "0.0.0-test"
 
 
 def with_errors() -> NodeSnapshot:
@@ -191,3 +198,66 @@ def test_run_refuses_a_bad_metrics_addr_naming_the_option(value: str, tmp_path: 
     assert result.exit_code == 2
     assert "--metrics-addr" in result.output
     assert "Traceback" not in result.output
+
+
+def test_ports_live_state_wins_over_the_snapshot_and_rate_is_in_bytes() -> None:
+    snap = snapshot(devices=(device(), device("mlx5_1", pci="0000:3c:00.0")))
+    agent = FakeAgent(last_snapshot=snap, port_states={("mlx5_1", 1): ("DOWN", "Disabled")})
+    assert port_states(snap, agent.port_states) == {("mlx5_0", 1): "ACTIVE", ("mlx5_1", 1): "DOWN"}
+    assert sample(agent, "nicfleet_agent_port_up", {"device": "mlx5_0", "port": "1"}) == 1
+    assert sample(agent, "nicfleet_agent_port_up", {"device": "mlx5_1", "port": "1"}) == 0
+    assert sample(agent, "nicfleet_agent_port_state", {"device": "mlx5_1", "port": "1"}) == 1
+    rate = "nicfleet_agent_port_rate_bytes_per_second"
+    assert sample(agent, rate, {"device": "mlx5_0", "port": "1"}) == 50e9
+
+
+def test_counters_come_from_the_latest_batch_limited_to_the_fixed_set() -> None:
+    batch = CounterBatch(
+        node="node-a",
+        seq=3,
+        collected_at=1.0,
+        ports=(
+            PortCounters(
+                device="mlx5_0",
+                port=1,
+                counters={"symbol_error": 5, "port_rcv_data": 100, "some_vendor_counter": 1},
+                hw_counters={"out_of_sequence": 7, "np_cnp_sent": 2},
+                rx_bytes=400,
+                tx_bytes=800,
+            ),
+        ),
+        errors=(ReadError(path="/class/infiniband/mlx5_0/ports/1/hw_counters/x", error="EIO"),),
+    )
+    agent = FakeAgent(last_counters=batch)
+    where = {"device": "mlx5_0", "port": "1"}
+    counter = "nicfleet_agent_port_stats_total"
+    assert sample(agent, counter, {**where, "counter": "symbol_error"}) == 5
+    assert sample(agent, counter, {**where, "counter": "out_of_sequence"}) == 7
+    assert sample(agent, counter, {**where, "counter": "some_vendor_counter"}) is None
+    assert sample(agent, counter, {**where, "counter": "port_rcv_data"}) is None
+    assert sample(agent, "nicfleet_agent_port_received_bytes_total", where) == 400
+    assert sample(agent, "nicfleet_agent_port_transmitted_bytes_total", where) == 800
+    assert sample(agent, "nicfleet_agent_counter_read_errors", {"group": "hw_counters"}) == 1
+    assert counter_errors_by_group(None) == {}
+    assert len(set(PORT_COUNTERS)) == len(PORT_COUNTERS)
+    assert {c.split("/")[0] for c in PORT_COUNTERS} <= {"counters", "hw_counters"}
+
+
+def test_device_plugin_registration_and_health_per_resource() -> None:
+    resources = (
+        ResourceStatus(name="rdma/a", advertised=8, healthy=6, registration="registered"),
+        ResourceStatus(name="rdma/b", advertised=2, healthy=0, registration="retrying",
+                       registration_attempts=3),
+    )  # fmt: skip
+    agent = FakeAgent(plugin_resources=resources)
+    assert sample(agent, "nicfleet_agent_device_plugin_registered", {"resource": "rdma/a"}) == 1
+    assert sample(agent, "nicfleet_agent_device_plugin_registered", {"resource": "rdma/b"}) == 0
+    state = "nicfleet_agent_device_plugin_registration_state"
+    assert sample(agent, state, {"resource": "rdma/b", "state": "retrying"}) == 1
+    failures = "nicfleet_agent_device_plugin_registration_failures"
+    assert sample(agent, failures, {"resource": "rdma/b"}) == 3
+    assert sample(agent, "nicfleet_agent_device_plugin_devices", {"resource": "rdma/a"}) == 8
+    healthy = "nicfleet_agent_device_plugin_healthy_devices"
+    assert sample(agent, healthy, {"resource": "rdma/a"}) == 6
+    info = {"version": "0.0.0-test", "node_name": "node-a"}
+    assert sample(agent, "nicfleet_agent_info", info) == 1

@@ -201,3 +201,14 @@ def test_a_port_set_change_sends_a_full_batch_and_rebases() -> None:
 def test_full_every_must_be_positive(full_every: int) -> None:
     with pytest.raises(ValueError, match="full_every"):
         DeltaEncoder(full_every=full_every)
+
+
+def test_a_base_without_rates_is_replaced_by_the_first_batch_with_rates() -> None:
+    encoder = DeltaEncoder(full_every=30)
+    first = msgspec.structs.replace(batch(IDLE), interval_s=None, ports=(with_(IDLE, rates={}),))
+    sent = []
+    for message_in in (first, batch(IDLE, seq=2, at=T0 + 1), batch(IDLE, seq=3, at=T0 + 2)):
+        message = encoder.encode(message_in)
+        encoder.sent(message, True)
+        sent.append(message.base_seq)
+    assert sent == [None, None, 2]

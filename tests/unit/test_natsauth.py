@@ -180,11 +180,14 @@ def test_cli_writes_and_summarizes(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         aggregator_main,
         ["nats-auth", "--node", "n1", "--nodes-file", str(nodes_file), "--out", str(tmp_path / "o"),
-         "-o", "json"],
+         "--observer", "pager", "-o", "json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert sorted(summary["agent_seeds"]) == ["n1", "n2", "n3"]
+    assert sorted(summary["observer_seeds"]) == ["pager"]
+    users = json.loads(Path(summary["config"]).read_text())["authorization"]["users"]
+    assert len(users) == 5  # aggregator, three agents, one observer
     assert Path(summary["config"]).is_file()
 
 
@@ -192,6 +195,7 @@ def test_cli_writes_and_summarizes(tmp_path: Path) -> None:
     ("args", "flag"),
     [
         pytest.param(["--node", "Bad_Name"], "--node", id="bad-node"),
+        pytest.param(["--observer", "a.*"], "--observer", id="bad-observer"),
         pytest.param(["--nodes-file", "/nonexistent/nodes"], "--nodes-file", id="missing-file"),
         pytest.param(["--node", "n1", "--tls-cert", "c.pem"], "--tls-cert", id="cert-no-key"),
     ],
@@ -303,3 +307,21 @@ def test_agent_run_refuses_a_bad_seed_before_connecting(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert f"error: --nats-nkey-seed-file {missing}:" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--nats-tls-cert", "/nonexistent/c.pem"], "--nats-tls-cert /nonexistent/c.pem: needs"
+        ),
+        pytest.param(
+            ["--nats-url", "nats://127.0.0.1:1", "--nats-server-config", __file__],
+            "--nats-server-config: only for the embedded server",
+        ),
+    ],
+)
+def test_aggregator_run_refuses_bad_nats_settings(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(aggregator_main, ["run", *args])
+    assert result.exit_code == 2
+    assert f"error: {message}" in result.output
