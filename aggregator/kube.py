@@ -1,7 +1,7 @@
 """Every Kubernetes API call the aggregator makes, via the official client's asyncio flavour
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
 connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
-Events, `nicfleet.io/*` labels, the leader Lease), TokenReviews of API bearer tokens, and
+Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of API bearer tokens, and
 turning client errors into KubeErrors.
 """
 
@@ -65,6 +65,7 @@ class KubeSettings:
     request_timeout_s: float = 10.0
     watch_timeout_s: int = 300  # server-side end of one watch; then list again
     resource_prefixes: tuple[str, ...] = ("rdma/",)  # which pod requests matter
+    validation_namespace: str = "nicfleet-system"  # pair-validation pods (docs/validation.md)
 
 
 class KubeClient:
@@ -212,6 +213,47 @@ class KubeClient:
         except KubeNotFoundError:
             return None
         return raw if isinstance(raw, dict) else None
+
+    # --- Pair-validation Pods (aggregator.validations) ------------------------------------
+
+    async def create_pod(self, body: Mapping[str, Any]) -> None:
+        """Create a Pod in `validation_namespace`; only pair-validation pods are made."""
+        namespace = self._settings.validation_namespace
+        name = (body.get("metadata") or {}).get("name", "?")
+        await self._json(
+            f"create Pod {namespace}/{name}",
+            self._core.create_namespaced_pod_without_preload_content(
+                namespace, dict(body), **self._timeout()
+            ),
+        )
+
+    async def read_pod(self, name: str) -> dict[str, Any] | None:
+        """Pod `name` of `validation_namespace` as a plain object; None when it is gone."""
+        namespace = self._settings.validation_namespace
+        try:
+            raw = await self._json(
+                f"read Pod {namespace}/{name}",
+                self._core.read_namespaced_pod_without_preload_content(
+                    name, namespace, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    async def delete_pod(self, name: str) -> bool:
+        """Delete Pod `name` of `validation_namespace`; False when it was already gone."""
+        namespace = self._settings.validation_namespace
+        try:
+            await self._json(
+                f"delete Pod {namespace}/{name}",
+                self._core.delete_namespaced_pod_without_preload_content(
+                    name, namespace, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return False
+        return True
 
     # --- Events ------------------------------------------------------------------------
 

@@ -432,7 +432,6 @@ def analyse(
         dt = b["t"] - a["t"]
         out["window_s"] = round(dt, 1)
         out["aggregator_msgs_s"] = round((b["applied"] - a["applied"]) / dt)
-        out["bare_msgs_s"] = round((b["bare"] - a["bare"]) / max(b["bare_t"] - a["bare_t"], 0.1))
         out["aggregator_cpu_pct"] = round(100 * (b["cpu_s"] - a["cpu_s"]) / dt)
         if a["bare_cpu_s"] is not None:
             out["bare_cpu_pct"] = round(100 * (b["bare_cpu_s"] - a["bare_cpu_s"]) / dt)
@@ -444,9 +443,15 @@ def analyse(
         tail = [x for r in window[-3:] for x in r.get("age_s", [])]
         out["age_start_s"] = round(statistics.median(head), 3) if head else None
         out["age_end_s"] = round(statistics.median(tail), 3) if tail else None
-        bare_lags = [r["bare_lag_p50_s"] for r in window if r["bare_lag_p50_s"] is not None]
-        out["bare_lag_start_s"] = bare_lags[0] if bare_lags else None
-        out["bare_lag_end_s"] = bare_lags[-1] if bare_lags else None
+    out["window_rows"] = len(window)  # fewer than the seconds: the API stalled
+    # The bare subscriber's own lines, so the aggregator's API stalls do not narrow it.
+    lines = [x for x in bare.lines if "t" in x and start <= x["t"] <= end]
+    if len(lines) >= 2:
+        counted = lines[-1]["counts"]["counters"] - lines[0]["counts"]["counters"]
+        out["bare_msgs_s"] = round(counted / (lines[-1]["t"] - lines[0]["t"]))
+    bare_lags = [x["lag_p50_s"] for x in lines if x.get("lag_p50_s") is not None]
+    out["bare_lag_start_s"] = bare_lags[0] if bare_lags else None
+    out["bare_lag_end_s"] = bare_lags[-1] if bare_lags else None
     sent = load["counters"]
     out["published"] = sent
     out["aggregator_applied_total"] = final.get("messages:counters", 0)
@@ -461,7 +466,7 @@ def analyse(
         "p50_ms": _ms(pct(latencies, 0.5)),
         "p99_ms": _ms(pct(latencies, 0.99)),
     }
-    if out.get("bare_msgs_s"):
+    if out.get("bare_msgs_s") and out.get("aggregator_msgs_s") is not None:
         out["ratio_aggregator_to_bare"] = round(out["aggregator_msgs_s"] / out["bare_msgs_s"], 2)
     lag_ok = all(
         out.get(k) is not None for k in ("lag_start_s", "lag_end_s", "age_start_s", "age_end_s")

@@ -13,7 +13,14 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from proto.inventory import NodeSnapshot
-from proto.messages import Alert, CounterBatch, DesiredConfig, DevicePluginStatus, LinkEvent
+from proto.messages import (
+    Alert,
+    CounterBatch,
+    DesiredConfig,
+    DevicePluginStatus,
+    LinkEvent,
+    ValidationResult,
+)
 
 # NATS' default max_payload is 1 MiB; nothing we send should come near it.
 MAX_PAYLOAD: Final = 1024 * 1024
@@ -25,6 +32,7 @@ WIRE_TYPES: Final = (
     DevicePluginStatus,
     DesiredConfig,
     Alert,
+    ValidationResult,
 )
 
 T = TypeVar("T", bound=msgspec.Struct)

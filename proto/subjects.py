@@ -27,6 +27,8 @@ NODE_KINDS: Final = (SNAPSHOT, COUNTERS, EVENT, STATUS)
 # All node traffic: nicfleet.v1.node.<node>.<kind>
 NODE_WILDCARD: Final = f"{PREFIX}.node.*.*"
 ALERT_WILDCARD: Final = f"{PREFIX}.alert.>"
+# Validation results: nicfleet.v1.validation.<validation id>
+VALIDATION_WILDCARD: Final = f"{PREFIX}.validation.*"
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
@@ -81,6 +83,41 @@ def parse_node_subject(subject: str) -> tuple[str, str]:
     if parts[4] not in NODE_KINDS:
         raise ValueError(f"subject {subject!r} has unknown kind {parts[4]!r}")
     return node_from_token(parts[3]), parts[4]
+
+
+class InvalidValidationId(ValueError):
+    """A validation id that cannot be a subject token (or a Pod name suffix)."""
+
+
+_VALIDATION_ID = re.compile(rf"^{_DNS1123_LABEL}$")
+MAX_VALIDATION_ID = 40  # leaves room for a "nicfleet-validate-" Pod name prefix (63)
+
+
+def validate_validation_id(validation_id: str) -> str:
+    """Return the id if it is a DNS-1123 label of at most 40 characters; raise otherwise."""
+    if not validation_id:
+        raise InvalidValidationId("validation id is empty")
+    if len(validation_id) > MAX_VALIDATION_ID:
+        raise InvalidValidationId(f"validation id is longer than {MAX_VALIDATION_ID} characters")
+    if not _VALIDATION_ID.fullmatch(validation_id):
+        raise InvalidValidationId(
+            f"validation id {validation_id!r} is not a DNS-1123 label "
+            "(lowercase letters, digits and '-', starting and ending alphanumeric)"
+        )
+    return validation_id
+
+
+def validation_subject(validation_id: str) -> str:
+    """`nicfleet.v1.validation.<id>`: where both pods of a validation publish their result."""
+    return f"{PREFIX}.validation.{validate_validation_id(validation_id)}"
+
+
+def parse_validation_subject(subject: str) -> str:
+    """The validation id of a validation subject; raise ValueError when it is not one."""
+    parts = subject.split(".")
+    if len(parts) != 4 or ".".join(parts[:3]) != f"{PREFIX}.validation":
+        raise ValueError(f"subject {subject!r} is not {PREFIX}.validation.<id>")
+    return validate_validation_id(parts[3])
 
 
 def alert_subject(severity: str, rule: str, node: str) -> str:

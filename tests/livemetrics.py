@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.deviceplugin.manager import DevicePluginSettings
@@ -20,13 +21,16 @@ from agent.deviceplugin.registration import Backoff
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
+from agent.metrics import agent_registry
 from agent.service import AgentService, AgentSettings
+from aggregator.apiauth import parse_token_file
 from aggregator.service import AggregatorService, AggregatorSettings
 from tests.conftest import wait_until
 from tests.kubelet import KubeletEmulator
 
 NODE = "metrics-live-01"
 RESOURCE = "rdma/ib_gpu0"
+TOKEN = "live-metrics-read-token-0123456789"
 CONFIG = {"configList": [{"resourceName": "ib_gpu0", "rdmaHcaMax": 4,
                          "selectors": {"rdmaDevices": ["mlx5_0", "mlx5_1"]}}]}  # fmt: skip
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count",
@@ -38,6 +42,19 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", 
 class Scrapes:
     agent: str
     aggregator: str
+    # Family name -> label names as declared in code (an empty family shows none).
+    labels: dict[str, tuple[str, ...]]
+
+
+def declared_labels(registry: CollectorRegistry) -> dict[str, tuple[str, ...]]:
+    """Label names of every family, from the metric objects and the collectors' families
+    (prometheus_client keeps them in `_labelnames` in both cases)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for collector in list(registry._collector_to_names):  # no public way to list them
+        for family in collector.collect():
+            names = getattr(family, "_labelnames", None) or getattr(collector, "_labelnames", ())
+            found[family.name] = tuple(names)
+    return found
 
 
 def sample_value(text: str, name: str, **labels: str) -> float | None:
@@ -78,7 +95,13 @@ async def _scrape(nats_url: str, work: Path) -> Scrapes:
     config.write_text(json.dumps(CONFIG))
     plugins = work / "dp"
     aggregator = AggregatorService(
-        AggregatorSettings(nats_url=nats_url, listen_host="127.0.0.1", listen_port=0)
+        AggregatorSettings(
+            nats_url=nats_url,
+            listen_host="127.0.0.1",
+            listen_port=0,
+            # Tokens on (their counter is exported), /metrics open as a scraper sees it.
+            api_auth=parse_token_file(f"read {TOKEN}", source="test", metrics_public=True),
+        )
     )
     agent = AgentService(
         AgentSettings(
@@ -127,6 +150,11 @@ async def _scrape(nats_url: str, work: Path) -> Scrapes:
                 )
 
             await wait_until(aggregator_settled, timeout=30, what="node ready, port-down firing")
-            return Scrapes(agent=await scrape(agent_url), aggregator=await scrape(api_url))
+            await http.get(f"{aggregator.api_url}/api/v1/nodes")  # one auth decision (401)
+            labels = declared_labels(agent_registry(agent))
+            labels |= declared_labels(aggregator.metrics.registry)
+            return Scrapes(
+                agent=await scrape(agent_url), aggregator=await scrape(api_url), labels=labels
+            )
         finally:
             stop.set()

@@ -19,7 +19,7 @@ class DueNodes:
         self._heap: list[tuple[float, str]] = []  # may hold superseded entries
         self.active: set[str] = set()  # due at the last `advance`
 
-    def set(self, name: str, due: float | None) -> None:
+    def reschedule(self, name: str, due: float | None) -> None:
         """A node's new due time (None: the node is gone)."""
         self.active.discard(name)
         self._due.pop(name, None)

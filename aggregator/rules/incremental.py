@@ -7,15 +7,15 @@ Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Final, cast
+from typing import cast
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
 from aggregator.rules.duetimes import DueNodes
 from aggregator.rules.finding import Finding
 from aggregator.rules.peers import Peer, PeerRule
+from aggregator.rules.peertally import PeerTally
 from aggregator.rules.registry import (
     ALL_RULES,
     CHECKS,
@@ -49,16 +49,6 @@ def _same_labels(old: ClusterView, new: ClusterView) -> bool:
     return all(node.labels == old.nodes[name].labels for name, node in new.nodes.items())
 
 
-class _PeerState:
-    """One peer rule's votes, counts and facts, kept in step with the fleet."""
-
-    def __init__(self) -> None:
-        self.votes: dict[str, Counter[tuple[Hashable, Hashable]]] = {}
-        self.counts: dict[Hashable, Counter[Hashable]] = {}
-        self.members: dict[Hashable, set[str]] = {}
-        self.facts: dict[Hashable, Hashable] = {}
-
-
 class IncrementalRules:
     """Call `evaluate` repeatedly with the same live fleet mapping; keeps what it needs."""
 
@@ -69,7 +59,7 @@ class IncrementalRules:
         self._units: dict[UnitKey, tuple[Finding, ...]] = {}
         self._broken: dict[str, set[Hashable]] = {}  # rule -> nodes/groups it raised on
         self._failing: frozenset[str] = frozenset()
-        self._peers: dict[str, _PeerState] = {}
+        self._peers: dict[str, PeerTally] = {}
         self._due: dict[str, DueNodes] = {}
         self._out = SortedFindings()
         self.rebuilds = 0  # full recomputations (first call, policies/cluster/thresholds)
@@ -149,7 +139,7 @@ class IncrementalRules:
         for key in list(self._units):
             self._set_unit(key, ())
         self._broken = {}
-        self._peers = {rule: _PeerState() for rule in PEER_RULES}
+        self._peers = {name: PeerTally(rule) for name, rule in PEER_RULES.items()}
         self._due = {rule: DueNodes() for rule in TIME_RULES}
 
     def _changed_nodes(self, fleet: Mapping[str, NodeRecord]) -> set[str]:
@@ -212,7 +202,7 @@ class IncrementalRules:
         for name in changed:
             self._clear_local(rule, name)
             record = self._fleet.get(name)
-            due.set(name, None if record is None else when(record, self._thresholds))
+            due.reschedule(name, None if record is None else when(record, self._thresholds))
         for name in due.advance(self._now):
             self._clear_local(rule, name)
         self._run_local(rule, due.active)
@@ -230,37 +220,27 @@ class IncrementalRules:
         )
 
     def _run_peer(self, rule: PeerRule, changed: set[str]) -> None:
-        state, broken = self._peers[rule.rule], self._broken.setdefault(rule.rule, set())
+        tally, broken = self._peers[rule.rule], self._broken.setdefault(rule.rule, set())
         touched: set[Hashable] = set()
         for name in changed:
             broken.discard(name)
-            for (group, value), n in state.votes.pop(name, Counter()).items():
-                counts = state.counts[group]
-                counts[value] -= n
-                if counts[value] <= 0:
-                    del counts[value]
-                state.members[group].discard(name)
-                touched.add(group)
+            touched |= tally.retract(name)
             self._set_unit((name, rule.rule, False), ())
             if name not in self._fleet:
                 continue
             try:
-                votes = Counter(rule.tally(self._peer(name)))
+                votes = list(rule.tally(self._peer(name)))
             except Exception:
                 broken.add(name)
                 continue
-            state.votes[name] = votes
-            for (group, value), n in votes.items():
-                state.counts.setdefault(group, Counter())[value] += n
-                state.members.setdefault(group, set()).add(name)
-                touched.add(group)
-        moved = self._settle(rule, state, touched, broken)
-        judge = {name for name in changed if name in state.votes}
-        for group in moved:
-            judge |= state.members.get(group, set())
+            touched |= tally.cast(name, votes)
+        judge = {name for name in changed if name in tally.votes}
+        for group in tally.settle(touched, broken):
+            judge |= tally.members.get(group, set())
         for name in judge:
+            broken.discard(name)
             try:
-                found = rule.judge(self._peer(name), state.facts)
+                found = rule.judge(self._peer(name), tally.facts)
             except Exception:
                 broken.add(name)
                 self._set_unit((name, rule.rule, False), ())
@@ -268,36 +248,11 @@ class IncrementalRules:
                 self._set_unit((name, rule.rule, False), _dedup(found))
         broken.discard(("conclude",))
         try:
-            found = rule.conclude(self._policies, state.facts)
+            found = rule.conclude(self._policies, tally.facts)
         except Exception:
             broken.add(("conclude",))
         else:
             self._set_unit((None, rule.rule, False), _dedup(found))
-
-    def _settle(
-        self, rule: PeerRule, state: _PeerState, touched: set[Hashable], broken: set[Hashable]
-    ) -> set[Hashable]:
-        """Re-settle the touched groups; those whose fact changed."""
-        moved: set[Hashable] = set()
-        for group in touched:
-            broken.discard(("group", group))
-            counts = state.counts.get(group)
-            old = state.facts.pop(group, _MISSING)
-            if not counts:
-                state.counts.pop(group, None)
-                state.members.pop(group, None)
-                new: Hashable = _MISSING
-            else:
-                try:
-                    new = rule.settle(counts)
-                except Exception:
-                    broken.add(("group", group))
-                    new = _MISSING
-                if new is not _MISSING:
-                    state.facts[group] = new
-            if new != old:
-                moved.add(group)
-        return moved
 
     # -- output --------------------------------------------------------------------------
 
@@ -335,6 +290,3 @@ class IncrementalRules:
                     self._out.remove(f)
                 for f in self._units.get(key, ()):
                     self._out.add(f)
-
-
-_MISSING: Final = object()

@@ -65,7 +65,9 @@ async def test_deltas_rebuild_the_full_view_in_the_aggregator(
                 return record.counters if record is not None else None
 
             await wait_until(
-                lambda: any(m.base_seq is not None for m in seen), what="a delta on the wire"
+                lambda: any(m.base_seq is not None for m in seen),
+                timeout=30,
+                what="a delta on the wire",
             )
             counter = root / "class/infiniband/mlx5_3/ports/1/counters/port_rcv_data"
             counter.write_text(f"{BUMPED}\n")
@@ -79,7 +81,9 @@ async def test_deltas_rebuild_the_full_view_in_the_aggregator(
                 port = next(p for p in batch.ports if p.device == "mlx5_3")
                 return port.counters.get("port_rcv_data") == BUMPED
 
-            await wait_until(merged_delta_has_the_value, what="a merged delta with the new value")
+            await wait_until(
+                merged_delta_has_the_value, timeout=30, what="a merged delta with the new value"
+            )
             view = stored()
             assert agg.fleet.unmatched_deltas == 0
     finally:

@@ -38,6 +38,7 @@ from proto.messages import (
     ResourceConfig,
     ResourceStatus,
     Selectors,
+    ValidationResult,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -169,6 +170,10 @@ ALL_MESSAGES: list[Any] = [
             fingerprint="abc",
         ),
         id="alert",
+    ),
+    pytest.param(
+        ValidationResult(verdict="broken", started_at=5.0, finished_at=6.0),
+        id="validation-result",
     ),
 ]
 

@@ -26,7 +26,7 @@ from aggregator.kube import KubeSettings
 from aggregator.natskeys import provision
 from proto.policy import load_policies
 from tests.unit import test_deploy_agent as agent_checks
-from tests.unit.kubecalls import Access, kube_calls
+from tests.unit.kubecalls import KUBE_PY, Access, Unresolved, kube_calls
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -172,6 +172,25 @@ def test_calls_are_derived_from_kube_py() -> None:
         == NAMESPACE
         == find(render(""), "Deployment", "nicfleet-aggregator")["metadata"]["namespace"]
     )
+
+
+def test_a_new_call_in_kube_py_is_seen_and_an_unknown_use_is_refused(tmp_path: Path) -> None:
+    source = KUBE_PY.read_text()
+    close = "    async def close(self) -> None:\n"
+    assert close in source
+    added = (
+        "    async def delete_validation_pod(self, name: str) -> None:\n"
+        "        await self._core.delete_namespaced_pod_without_preload_content(\n"
+        "            name, self._settings.lease_namespace\n"
+        "        )\n\n"
+    )
+    changed = tmp_path / "kube.py"
+    changed.write_text(source.replace(close, added + close))
+    assert kube_calls(changed) - kube_calls() == {Access("", "pods", "delete", NAMESPACE, "")}
+    hidden = "    def hidden(self) -> object:\n        return self._core.delete_node\n\n"
+    changed.write_text(source.replace(close, hidden + close))
+    with pytest.raises(Unresolved, match="delete_node used another way"):
+        kube_calls(changed)
 
 
 def test_base_rbac_is_exactly_kube_py_without_the_nicclusterpolicy() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent.counterdelta import DeltaEncoder, delta_against
 from agent.rates import with_rates
 from aggregator.fleet import Fleet, merge_counter_delta
-from proto.codec import decode, encode
+from proto.codec import CodecError, decode, encode
 from proto.messages import CounterBatch, PortCounters
 
 T0 = 1_800_000_000.0
@@ -213,3 +213,31 @@ def test_full_plus_deltas_equal_the_full_batches(
             assert stored == expected
         else:
             assert stored is (before.counters if before is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        pytest.param("base_seq", "7", "$.base_seq", id="base-seq-not-int"),
+        pytest.param("removed", "rx_bytes", "$.ports[0].removed", id="removed-not-a-list"),
+        pytest.param("removed", [1], "$.ports[0].removed[0]", id="removed-not-strings"),
+    ],
+)
+def test_bad_delta_fields_are_named(field: str, value: object, path: str) -> None:
+    raw = msgspec.msgpack.decode(encode(delta(F1, F3)))
+    if field == "base_seq":
+        raw[field] = value
+    else:
+        raw["ports"][0][field] = value
+    with pytest.raises(CodecError) as caught:
+        decode(msgspec.msgpack.encode(raw), CounterBatch)
+    assert caught.value.path == path
+
+
+def test_nonsense_removed_keys_change_nothing_else() -> None:
+    change = delta(F1, F2)
+    odd = ("bogus", "counters", "rates/", "/port_rcv_data", "counters/not_there")
+    change = msgspec.structs.replace(
+        change, ports=(msgspec.structs.replace(change.ports[0], removed=odd),)
+    )
+    assert merge_counter_delta(F1, change) == F2
