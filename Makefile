@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Debian packages some tests use for real (pyverbs: the verbs probe against rdma-core;
-# prometheus: promtool lints the agent's /metrics).
+# prometheus: promtool lints the agent's /metrics; chromium: the status page's browser test).
 # Installed only when running as root; the tests that need them skip otherwise.
-SYSTEM_PACKAGES := python3-pyverbs prometheus-alertmanager prometheus strace
+SYSTEM_PACKAGES := python3-pyverbs prometheus-alertmanager prometheus strace chromium
 system-packages:
 	@if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
 		missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -30,12 +30,13 @@ from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.inventory import collect_snapshot
 from agent.lab.cli import lab
-from agent.logs import FORMATS, LEVELS, LogFormat, configure_logging
+from agent.logs import FORMATS, LEVELS, LogFormat, configure_logging, tag_node
 from agent.metrics import parse_metrics_addr
 from agent.netlink import NetlinkUnavailable, netns_path
 from agent.service import AgentService, AgentSettings, with_verbs
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
+from agent.verify_cli import verify
 from proto.codec import to_json
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.natsconnect import NatsClientSecurity
@@ -340,6 +341,7 @@ def run(
     explicit = click.get_current_context().meta.get("nicfleet.log_level_set", False)
     if logging.getLogger().level > logging.INFO and not explicit:
         logging.getLogger().setLevel(logging.INFO)
+    tag_node(settings.node_name)
     asyncio.run(_serve(settings))
 
 
@@ -357,3 +359,4 @@ async def _serve(settings: AgentSettings) -> None:
 
 
 main.add_command(lab)
+main.add_command(verify)

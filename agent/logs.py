@@ -1,8 +1,8 @@
 """Logging setup for nicfleet-agent: one JSON object per line, or text on a terminal.
 
 Context fields (`node`, `device`, `port`, `rule`, ...) come from `extra=` at the call
-sites. NKey seeds are masked in every line whatever logged them. aggregator/logs.py is
-the same formatter (the two processes share no module but proto, the wire contract).
+sites; `tag_node` puts the agent's node on every event. NKey seeds are masked in every
+line. aggregator/logs.py has the same formatters (the processes share no module but proto).
 """
 
 from __future__ import annotations
@@ -96,3 +96,21 @@ class _Handler(logging.StreamHandler[TextIO]):
     @stream.setter
     def stream(self, value: TextIO) -> None:
         self._fixed = value
+
+
+class _NodeField(logging.Filter):
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "node", None) is None:
+            record.node = self.node
+        return True
+
+
+def tag_node(node: str) -> None:
+    """Every later event carries `node` (an agent serves one node): on our handler."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _Handler):
+            handler.addFilter(_NodeField(node))

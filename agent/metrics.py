@@ -1,8 +1,9 @@
 """The agent's Prometheus metrics: a collector that reads the live agent at scrape time.
 
 Nothing is counted twice: every value comes from state the agent keeps anyway (the
-desired-config watcher, the publisher's stats, the last snapshot's read errors). Served
-over HTTP by `serve_metrics` when `run --metrics-addr` is given.
+desired-config watcher, the publisher's stats, the last snapshot, port poll and counter
+batch, the device-plugin manager; the port and device-plugin families: agent.portmetrics).
+Served over HTTP by `MetricsServer` when `run --metrics-addr` is given. docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The optional verbs probe: can this host open RDMA devices through libibverbs?
+"""The optional verbs probe: can this host (or pod) open RDMA devices through libibverbs?
 
-The only module importing pyverbs (rdma-core's binding, the OS package python3-pyverbs),
-lazily; the answer is one line for `Platform.verbs` and the probe never raises. Stdlib
-only at import, so it also runs under the system Python that owns pyverbs.
+The only module that loads pyverbs (rdma-core's binding, the OS package python3-pyverbs),
+lazily; `probe_verbs` answers one line for `Platform.verbs`, `query_devices` opens each
+device context for `verify`, `load_pyverbs` hands the binding to agent.rdmatest. Probes
+never raise. Stdlib only at import, so it also runs under the system Python.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+
+from proto.messages import VerbsEvidence
 
 UNAVAILABLE = "verbs unavailable"
 
@@ -40,6 +44,37 @@ def probe_verbs(*, search_path: Path | None = None) -> str:
         # "Failed to get devices list".
         return f"{UNAVAILABLE}: {str(exc).strip() or type(exc).__name__}"
     return f"ok: {len(devices)} devices"
+
+
+def query_devices(names: Iterable[str], *, search_path: Path | None = None) -> VerbsEvidence:
+    """Open a context on each named device and query every port; never raises."""
+    detail = probe_verbs(search_path=search_path)
+    if not detail.startswith("ok"):
+        return VerbsEvidence(available=False, detail=detail)
+    device, errors = _import_pyverbs(search_path)
+    opened: list[str] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        try:
+            with device.Context(name=name) as ctx:
+                ports = ctx.query_device().phys_port_cnt
+                for port in range(1, ports + 1):
+                    ctx.query_port(port)
+        except (errors.PyverbsError, OSError) as exc:
+            failed[name] = str(exc).strip() or type(exc).__name__
+        else:
+            opened.append(name)
+    return VerbsEvidence(available=True, detail=detail, opened=tuple(opened), failed=failed)
+
+
+def load_pyverbs(search_path: Path | None = None) -> SimpleNamespace:
+    """The pyverbs modules the RC queue-pair test needs, as one namespace.
+
+    Raises ImportError (ModuleNotFoundError) when the binding is missing or broken.
+    """
+    _import_pyverbs(search_path)
+    names = ("device", "pd", "cq", "mr", "qp", "wr", "addr", "enums", "pyverbs_error")
+    return SimpleNamespace(**{n: importlib.import_module(f"pyverbs.{n}") for n in names})
 
 
 def _import_pyverbs(search_path: Path | None) -> tuple[ModuleType, ModuleType]:

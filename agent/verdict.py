@@ -118,9 +118,7 @@ def target_devices(evidence: Evidence) -> tuple[str, ...]:
     if evidence.injected.rdma_devices is not None:
         return evidence.injected.rdma_devices
     present = {c.path for c in evidence.char_devices if _is_uverbs(c.path)}
-    return tuple(
-        d.name for d in evidence.devices if any(c in present for c in d.char_devices)
-    )
+    return tuple(d.name for d in evidence.devices if any(c in present for c in d.char_devices))
 
 
 def judge(evidence: Evidence) -> tuple[Verdict, tuple[Reason, ...]]:
@@ -241,3 +239,24 @@ def _verbs_reasons(evidence: Evidence, targets: tuple[str, ...]) -> Iterable[Rea
                 missing=f"{name} device context and port query",
                 message=f"pyverbs could not use {name}: {verbs.failed[name]}",
             )
+
+
+def choose_port(evidence: Evidence) -> tuple[str, int, int] | None:
+    """(device, port, GID index) for the pair test: the first target device's first
+    ACTIVE port; on RoCE the GID of a pod address (RoCE v2 first), on IB index 0."""
+    by_name = {d.name: d for d in evidence.devices}
+    for name in target_devices(evidence):
+        device = by_name.get(name)
+        for port in device.ports if device is not None else ():
+            if port.state != "ACTIVE":
+                continue
+            if port.link_layer != "Ethernet":
+                return name, port.port, 0
+            matches = [
+                m for m in evidence.gid_matches
+                if m.device == name and m.port == port.port and m.interface
+            ]  # fmt: skip
+            matches.sort(key=lambda m: (m.type != "RoCE v2", m.index))
+            if matches:
+                return name, port.port, matches[0].index
+    return None

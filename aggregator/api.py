@@ -27,6 +27,7 @@ from aggregator.httperrors import BadParameter, error_response, json_response
 from aggregator.openapi import OPENAPI_PATH, openapi_document
 from aggregator.reconciler import ReconcileReport
 from aggregator.tokenreview import TokenReviewer
+from aggregator.validation import ValidationRecord
 from proto.codec import to_json
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
@@ -172,6 +173,8 @@ def build_app(
     policy_report: Callable[[], ReconcileReport] | None = None,  # the reconciler's latest
     auth: ApiAuth | None = None,  # bearer tokens (aggregator.apiauth); None: API open
     token_review: TokenReviewer | None = None,  # tokens not in `auth` go to TokenReview
+    # (node, resource) -> newest finished validation (aggregator.validations), for the trace
+    latest_validation: Callable[[str, str], ValidationRecord | None] | None = None,
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
@@ -197,6 +200,7 @@ def build_app(
         policies=policy_source or (lambda: policies),
         clock=clock,
         stale_after=settings.stale_after,
+        latest_validation=latest_validation,
     )
     app.router.add_get(OPENAPI_PATH, _openapi_handler(auth, reviewed=token_review is not None))
     return app

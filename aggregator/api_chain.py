@@ -20,6 +20,7 @@ from aggregator.fleet import Fleet
 from aggregator.httperrors import BadParameter, error_response, json_response
 from aggregator.resources import ResourceSummary, summarize_resources
 from aggregator.trace import UnknownNode, UnknownResource, trace
+from aggregator.validation import ValidationRecord
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 
@@ -46,6 +47,8 @@ def add_chain_routes(
     policies: Callable[[], tuple[Policy, ...]],
     clock: Callable[[], float],
     stale_after: float,
+    # The newest finished validation of (node, resource): the trace's tested-data-path link.
+    latest_validation: Callable[[str, str], ValidationRecord | None] | None = None,
 ) -> None:
     """Register GET /api/v1/resources and GET /api/v1/trace on `app`."""
 
@@ -82,6 +85,7 @@ def add_chain_routes(
                 policies=policies(),
                 now=clock(),
                 stale_after=stale_after,
+                validation=latest_validation(node, resource) if latest_validation else None,
             )
         except UnknownNode as exc:
             return error_response(

@@ -33,6 +33,8 @@ _TOKEN_RE: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 # Open without a token: probes, and /metrics when `metrics_public`.
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 METRICS_PATH: Final = "/metrics"
+# The status page's static files (aggregator.api_ui) hold no data: open, one level deep.
+UI_PATH: Final = "/ui"
 # Methods a read token may use; every other method needs an admin token.
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 REALM: Final = 'Bearer realm="nicfleet"'
@@ -77,7 +79,17 @@ class ApiAuth:
         return {scope: sum(t.scope == scope for t in self.tokens) for scope in SCOPES}
 
     def is_open(self, path: str) -> bool:
-        return path in OPEN_PATHS or (self.metrics_public and path == METRICS_PATH)
+        return (
+            path in OPEN_PATHS
+            or (self.metrics_public and path == METRICS_PATH)
+            or is_ui_path(path)
+        )
+
+
+def is_ui_path(path: str) -> bool:
+    """`/ui`, `/ui/` or `/ui/<name>`: the status page's files (the page asks for a token)."""
+    prefix = UI_PATH + "/"
+    return path == UI_PATH or (path.startswith(prefix) and "/" not in path[len(prefix) :])
 
 
 def parse_token_file(text: str, *, source: str, metrics_public: bool = False) -> ApiAuth:

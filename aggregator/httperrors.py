@@ -23,6 +23,9 @@ ErrorCode = Literal[
     "unauthorized",  # aggregator.apiauth: no or unknown bearer token
     "forbidden",  # aggregator.apiauth: read token on an admin method
     "auth_unavailable",  # aggregator.apiauth: TokenReview could not be made (503)
+    "conflict",  # aggregator.api_validations: a node does not advertise the resource (409)
+    "too_many_requests",  # aggregator.api_validations: the validation queue is full (429)
+    "unavailable",  # aggregator.api_validations: no Kubernetes API to run pods in (503)
 ]
 JSON_TYPE: Final = "application/json"
 

@@ -1,8 +1,8 @@
 """Every Kubernetes API call the aggregator makes, via the official client's asyncio flavour
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
 connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
-Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of API bearer tokens, and
-turning client errors into KubeErrors.
+Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of
+API bearer tokens, and turning client errors into KubeErrors.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class KubeClient:
         await self._json(
             f"create Pod {namespace}/{name}",
             self._core.create_namespaced_pod_without_preload_content(
-                namespace, dict(body), **self._timeout()
+                namespace, _model(k8s.V1Pod, dict(body)), **self._timeout()
             ),
         )
 

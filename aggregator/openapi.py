@@ -14,12 +14,13 @@ import msgspec
 
 from aggregator.api_alerts import SEVERITIES, STATUSES
 from aggregator.api_chain import MAX_RESOURCE_LENGTH, ResourceList
-from aggregator.apiauth import METRICS_PATH, OPEN_PATHS
+from aggregator.apiauth import METRICS_PATH, OPEN_PATHS, is_ui_path
 from aggregator.fleet import NODE_STATES, NodeDetail, NodeSummary
 from aggregator.httperrors import ErrorBody
 from aggregator.reconciler import ReconcileReport
 from aggregator.rules.finding import Finding
 from aggregator.trace import Trace
+from aggregator.validation import ValidationRecord
 from proto.messages import Alert
 from proto.policy import Policy
 
@@ -29,7 +30,9 @@ JSON: Final = "application/json"
 METRICS_TYPE: Final = "text/plain; version=0.0.4"
 SSE_TYPE: Final = "text/event-stream"
 MAX_LINE: Final = 8190  # aiohttp's default max_line_size and max_field_size
-_STRUCTS: Final = (NodeSummary, NodeDetail, ResourceList, Trace, Finding, Alert, ErrorBody)
+_STRUCTS: Final = (
+    NodeSummary, NodeDetail, ResourceList, Trace, Finding, Alert, ErrorBody, ValidationRecord,
+)  # fmt: skip
 # RFC 1123 subdomain (proto.subjects.validate_node_name) and the resource-name format.
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 NODE_NAME: Final[Schema] = {
@@ -233,13 +236,92 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
     },
 }
 
+VALIDATION_ID: Final[Schema] = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"}
+# The GETs of aggregator.api_validations (registered by the service, with a NATS connection).
+VALIDATION_OPERATIONS: Final[Mapping[str, Schema]] = {
+    "/api/v1/validations": {
+        "summary": "Pair validations, newest first (aggregator.validations).",
+        "parameters": [
+            _query("node", NODE_NAME, "Only validations with this node on either side."),
+            _query("resource", RESOURCE_NAME, "Only validations of this resource."),
+            _query("limit", {**INT, "minimum": 1, "maximum": 500}, "At most this many."),
+        ],
+        "responses": {
+            "200": _json(
+                "Validations.",
+                _object(("items", "count"), items=_array(_ref("ValidationRecord")), count=INT),
+            ),
+            "400": _error(BAD_QUERY),
+        },
+    },
+    "/api/v1/validations/{id}": {
+        "summary": "One pair validation: phase, reason, both sides' results.",
+        "parameters": [
+            {"name": "id", "in": "path", "required": True, "schema": VALIDATION_ID}
+        ],
+        "responses": {
+            "200": _json("The validation.", _ref("ValidationRecord")),
+            "400": _error("The id is not a validation id."),
+            "404": _error("No such validation."),
+        },
+    },
+}
+# POST routes (admin scope when tokens are configured), by path template.
+POST_OPERATIONS: Final[Mapping[str, Schema]] = {
+    "/api/v1/validations": {
+        "summary": "Start a pair validation: two pods, a tested RDMA data path between nodes.",
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {
+                    "schema": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["nodes", "resource"],
+                        "properties": {
+                            "nodes": {
+                                **_array(NODE_NAME),
+                                "minItems": 2,
+                                "maxItems": 2,
+                                "uniqueItems": True,
+                                "description": "[server node, client node].",
+                            },
+                            "resource": RESOURCE_NAME,
+                            "network": {
+                                "type": "string",
+                                "description": "NetworkAttachmentDefinition, [namespace/]name.",
+                            },
+                        },
+                    }
+                }
+            },
+        },
+        "responses": {
+            "202": _json("Accepted; poll `Location`.", _ref("ValidationRecord")),
+            "400": _error("A bad body; `field` names the part."),
+            "404": _error("Unknown node; `suggestions` holds close names."),
+            "409": _error("A node does not advertise the resource; `suggestions` do."),
+            "429": _error("Too many validations waiting; retry later."),
+            "503": _error("No Kubernetes API to run the pods in."),
+        },
+    },
+}
+
 
 class UndocumentedRoute(LookupError):
     """A registered route with no entry in `OPERATIONS`."""
 
 
 def documented(method: str, path: str) -> bool:
-    return method == "GET" and path in OPERATIONS
+    return _described(method, path) is not None
+
+
+def _described(method: str, path: str) -> Schema | None:
+    if method == "POST":
+        return POST_OPERATIONS.get(path)
+    if method == "GET":
+        return OPERATIONS.get(path) or VALIDATION_OPERATIONS.get(path)
+    return None
 
 
 def openapi_document(
@@ -254,15 +336,20 @@ def openapi_document(
 
     `secured`: bearer tokens are configured, so every path but the open ones answers 401
     without one; with `token_review` also 403 (no configured group) and 503 (TokenReview
-    unavailable). Raises `UndocumentedRoute` for a route `OPERATIONS` does not describe.
+    unavailable). Raises `UndocumentedRoute` for a route `OPERATIONS` does not describe;
+    the status page's files under /ui are skipped.
     """
     paths: dict[str, Schema] = {}
     for method, path in sorted(set(routes)):
         if method == "HEAD":
             continue
+        if is_ui_path(path):
+            continue  # the status page's HTML/JS/CSS (aggregator.api_ui): not the JSON API
         if not documented(method, path):
             raise UndocumentedRoute(f"{method} {path} has no OpenAPI description")
-        operation: Schema = {"operationId": _operation_id(path), **OPERATIONS[path]}
+        described = _described(method, path) or {}
+        operation_id = _operation_id(path).replace("get-", f"{method.lower()}-", 1)
+        operation: Schema = {"operationId": operation_id, **described}
         operation["responses"] = _with_protocol_error(operation["responses"])
         if secured and _is_open(path, metrics_public=metrics_public):
             operation["security"] = []
@@ -272,8 +359,10 @@ def openapi_document(
             if token_review:
                 responses["403"] = _error("TokenReview: the identity is in no configured group.")
                 responses["503"] = _error("TokenReview could not answer; retry later.")
+            if method == "POST":
+                responses["403"] = _error("POST needs an admin token.")
             operation["responses"] = responses
-        paths[path] = {"get": operation}
+        paths.setdefault(path, {})[method.lower()] = operation
     _, components = msgspec.json.schema_components(
         (*_STRUCTS, ReconcileReport, Policy), ref_template="#/components/schemas/{name}"
     )

@@ -28,6 +28,8 @@ from aggregator.alerts.engine import AlertEngine, Evaluate
 from aggregator.alerts.setup import AlertWiring, NodeEvents, open_alert_engine
 from aggregator.api import ApiSettings, build_app
 from aggregator.api_alerts import add_alert_routes
+from aggregator.api_ui import add_ui_routes
+from aggregator.api_validations import add_validation_routes
 from aggregator.apiauth import ApiAuth
 from aggregator.apply import ConfigStore, open_config_bucket
 from aggregator.changes import ChangeFeed
@@ -46,6 +48,8 @@ from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.rules.finding import Finding
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
+from aggregator.validation import ValidationSettings
+from aggregator.validations import TEMPLATE, ValidationRunner, ValidationStore, load_template
 from proto import subjects
 from proto.messages import Alert
 from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
@@ -81,6 +85,9 @@ class AggregatorSettings:
     api_auth: ApiAuth | None = None  # --api-token-file: bearer tokens; None: the API is open
     # --api-token-review: tokens not in api_auth are checked by TokenReview (needs `kube`).
     api_token_review: ReviewSettings | None = None
+    # Pair validations (POST /api/v1/validations): pods from this template, phase timeouts.
+    validation: ValidationSettings = field(default_factory=ValidationSettings)
+    validation_template: Path = TEMPLATE
 
 
 class AggregatorService:
@@ -112,6 +119,7 @@ class AggregatorService:
         self._policy_source: PolicySource | None = None
         self._kube: KubeClient | None = None
         self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
+        self.validations: ValidationRunner | None = None  # set once NATS is up (run)
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
         self.metrics.watch_fleet(
@@ -220,6 +228,18 @@ class AggregatorService:
                 extra_findings=lambda: self.nvidia_findings,
                 is_leader=lambda: leader.is_leader,
             )
+            self.validations = ValidationRunner(
+                kube=kube,
+                namespace=self.settings.kube.validation_namespace if self.settings.kube else "",
+                nc=nc,
+                store=await ValidationStore.open(nc, keep=self.settings.validation.keep),
+                settings=self.settings.validation,
+                # Pods are made only with a cluster; without one POST answers 503.
+                template=load_template(self.settings.validation_template) if kube else {},
+                identity=self.settings.identity,
+                clock=self.clock,
+                registry=self.metrics.registry,
+            )
             runner = await self._start_api(cluster)
             self._write_ready_file()
             self.ready.set()
@@ -233,6 +253,7 @@ class AggregatorService:
                     tasks.create_task(self._audit_nvidia_policy(kube, stop))
                 tasks.create_task(self.reconciler.run(stop))
                 tasks.create_task(self.alerts.run(stop))
+                tasks.create_task(self.validations.run(stop))
         finally:
             self.ready.clear()
             if runner is not None:
@@ -324,9 +345,15 @@ class AggregatorService:
             policy_report=reconciler.latest if reconciler is not None else None,
             auth=self.settings.api_auth,
             token_review=self._token_reviewer(),
+            latest_validation=self.validations.store.latest_for if self.validations else None,
         )
         if self.alerts is not None:
             add_alert_routes(app, engine=self.alerts)
+        if self.validations is not None:
+            add_validation_routes(
+                app, runner=self.validations, fleet=self.fleet, cluster=cluster
+            )
+        add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)

@@ -30,6 +30,7 @@ from aggregator.tracehost import (
     link_ok,
     link_unknown,
 )
+from aggregator.validation import TESTED_LINK, ValidationRecord, data_path_link
 from proto.dpconfig import resource_full_name
 from proto.messages import ResourceConfig, ResourceStatus
 from proto.policy import Policy
@@ -38,7 +39,7 @@ __all__ = ["LINK_NAMES", "Link", "LinkStatus", "Trace", "UnknownNode", "UnknownR
 
 LINK_NAMES: Final = (
     "agent", "adapter", "driver", "rdma-device", "char-devices",
-    "device-plugin", "advertised", "allocatable", "pods",
+    "device-plugin", "advertised", "allocatable", "pods", TESTED_LINK,
 )  # fmt: skip
 MAX_SUGGESTIONS: Final = 3
 NAD_RESOURCE_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
@@ -77,6 +78,7 @@ def trace(
     policies: tuple[Policy, ...],
     now: float,
     stale_after: float,
+    validation: ValidationRecord | None = None,  # the newest finished one of node+resource
 ) -> Trace:
     """Every link of the chain for `resource` on `node`; raises UnknownNode/UnknownResource."""
     record = fleet.get(node)
@@ -96,7 +98,7 @@ def trace(
         config=configs.get(resource), status=served.get(resource), now=now,
         stale_after=stale_after,
     )  # fmt: skip
-    links = tuple(check(ctx) for check in _CHECKS)
+    links = (*(check(ctx) for check in _CHECKS), data_path_link(validation, node, resource, now))
     broken = next((i for i, link in enumerate(links) if link.status == "broken"), None)
     return Trace(
         node=node, resource=resource, checked_at=now, ok=broken is None,

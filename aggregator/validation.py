@@ -21,6 +21,7 @@ import msgspec
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
 from aggregator.resources import allocatable_count
+from aggregator.tracehost import Link, link_broken, link_ok, link_unknown
 from proto.inventory import Base
 from proto.messages import ValidationResult, ValidationRole
 from proto.subjects import InvalidNodeName, validate_node_name
@@ -38,6 +39,8 @@ ROLE_LABEL: Final = "nicfleet.io/validation-role"
 REQUEST_FIELDS: Final = ("nodes", "resource", "network")
 ENDED_POD_PHASES: Final = frozenset({"Succeeded", "Failed"})
 MAX_SUGGESTIONS: Final = 3
+TESTED_LINK: Final = "tested-data-path"
+RECENT_S: Final = 24 * 3600.0  # a passed validation older than this is "unknown" again
 _RESOURCE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
     r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -150,7 +153,9 @@ def parse_request(body: object) -> ValidationRequest:
         raise InvalidRequest("body", "the body must be a JSON object")
     for key in body:
         if key not in REQUEST_FIELDS:
-            raise InvalidRequest(str(key), f"unknown field {key!r}; expected {list(REQUEST_FIELDS)}")
+            raise InvalidRequest(
+                str(key), f"unknown field {key!r}; expected {list(REQUEST_FIELDS)}"
+            )
     nodes = body.get("nodes")
     if not isinstance(nodes, list) or len(nodes) != 2:
         raise InvalidRequest("nodes", "nodes must be a list of exactly two node names")
@@ -180,7 +185,9 @@ def parse_request(body: object) -> ValidationRequest:
 def advertises(record: NodeRecord | None, cluster: ClusterView, node: str, resource: str) -> bool:
     """The agent serves `resource` with a device, or the kubelet lists it as allocatable."""
     plugin = record.device_plugin if record is not None else None
-    if plugin is not None and any(r.name == resource and r.advertised > 0 for r in plugin.resources):
+    if plugin is not None and any(
+        r.name == resource and r.advertised > 0 for r in plugin.resources
+    ):
         return True
     cluster_node = cluster.nodes.get(node) if cluster.present else None
     raw = cluster_node.allocatable.get(resource) if cluster_node is not None else None
@@ -242,16 +249,20 @@ def build_pod(
     meta["namespace"] = record.namespace
     meta["labels"] = {**(meta.get("labels") or {}), ID_LABEL: record.id, ROLE_LABEL: role}
     if record.network is not None:
-        meta["annotations"] = {**(meta.get("annotations") or {}), NETWORKS_ANNOTATION: record.network}
+        meta["annotations"] = {
+            **(meta.get("annotations") or {}),
+            NETWORKS_ANNOTATION: record.network,
+        }
     spec = pod.setdefault("spec", {})
     spec["restartPolicy"] = "Never"
     spec["activeDeadlineSeconds"] = settings.active_deadline_s
     spec.pop("nodeName", None)  # the scheduler places it: resources and taints are checked
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    required = {"nodeSelectorTerms": [term]}
     spec["affinity"] = {
         **(spec.get("affinity") or {}),
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}},
-    }  # fmt: skip
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required},
+    }
     containers = spec.get("containers") or []
     if not containers or not isinstance(containers[0], dict):
         raise ValueError("the validation pod template has no container")
@@ -422,7 +433,8 @@ def _ended_without_result(
         if pod is None or result is not None or pod.ended_at is None:
             continue
         if now - pod.ended_at >= settings.result_grace_s:
-            return f"the {role} pod on {node} ended ({pod.phase}{_colon(pod.detail)}) without a result"
+            how = f"{pod.phase}{_colon(pod.detail)}"
+            return f"the {role} pod on {node} ended ({how}) without a result"
     return None
 
 
@@ -434,3 +446,33 @@ def _pod_detail(pod: PodView | None) -> str:
 
 def _colon(detail: str) -> str:
     return f": {detail}" if detail else ""
+
+
+def data_path_link(record: ValidationRecord | None, node: str, resource: str, now: float) -> Link:
+    """The trace's last link: the newest finished validation of `resource` with `node`."""
+    command = f"nicfleetctl validate {node} <other-node> --resource {resource}"
+    if record is None:
+        return link_unknown(TESTED_LINK, validated="never validated", command=command)
+    age = now - (record.finished_at or record.updated_at)
+    evidence: dict[str, Any] = {
+        "validation": record.id,
+        "nodes": list(record.nodes),
+        "phase": record.phase,
+        "passed": record.passed,
+        "bytes_per_second": record.bytes_per_second,
+        "latency_p50_us": record.latency_p50_us,
+        "age_s": age,
+    }
+    if not record.passed:
+        return link_broken(
+            TESTED_LINK,
+            f"validation {record.id} ({' ↔ '.join(record.nodes)}) {record.phase}: "
+            f"{record.reason or 'no reason given'}",
+            f"fix the links above, then re-run: {command}",
+            **evidence,
+        )
+    if age > RECENT_S:
+        return link_unknown(
+            TESTED_LINK, note=f"last passed {age / 3600:.0f}h ago; re-run: {command}", **evidence
+        )
+    return link_ok(TESTED_LINK, **evidence)

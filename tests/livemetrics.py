@@ -52,8 +52,8 @@ def declared_labels(registry: CollectorRegistry) -> dict[str, tuple[str, ...]]:
     found: dict[str, tuple[str, ...]] = {}
     for collector in list(registry._collector_to_names):  # no public way to list them
         for family in collector.collect():
-            names = getattr(family, "_labelnames", None) or getattr(collector, "_labelnames", ())
-            found[family.name] = tuple(names)
+            names = getattr(family, "_labelnames", ()) or getattr(collector, "_labelnames", ())
+            found[family.name] = tuple(str(n) for n in names)
     return found
 
 
@@ -66,9 +66,12 @@ def sample_value(text: str, name: str, **labels: str) -> float | None:
 
 
 def families(text: str) -> dict[str, tuple[str, str, tuple[str, ...]]]:
-    """Family name -> (type, help, label names seen in its samples)."""
+    """Family name -> (type, help, label names seen in its samples). The 0.0.4 text format
+    lists a counter's `_created` series as a gauge family of its own: not counted here."""
     found: dict[str, tuple[str, str, tuple[str, ...]]] = {}
     for f in text_string_to_metric_families(text):
+        if f.name.endswith("_created"):
+            continue
         labels = sorted({k for s in f.samples for k in s.labels if k not in ("le", "quantile")})
         found[f.name] = (f.type, f.documentation, tuple(labels))
     return found
@@ -143,8 +146,13 @@ async def _scrape(nats_url: str, work: Path) -> Scrapes:
 
             async def aggregator_settled() -> bool:
                 text = await scrape(api_url)
+                # The node may already be in KV from an earlier scrape on this nats-server:
+                # wait for this agent's own messages too.
+                messages = "nicfleet_ingest_messages_total"
                 return (
                     sample_value(text, "nicfleet_nodes", state="ready") == 1
+                    and (sample_value(text, messages, kind="snapshot") or 0) >= 1
+                    and (sample_value(text, messages, kind="counters") or 0) >= 1
                     and sample_value(text, "nicfleet_alerts_firing", rule="port-down") is not None
                     and sample_value(text, "nicfleet_reconcile_duration_seconds_count") is not None
                 )

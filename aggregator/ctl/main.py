@@ -143,3 +143,7 @@ from aggregator.ctl.alerts import alerts, findings  # noqa: E402
 
 cli.add_command(alerts)
 cli.add_command(findings)
+
+from aggregator.ctl.validate import validate  # noqa: E402
+
+cli.add_command(validate)

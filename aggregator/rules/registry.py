@@ -1,4 +1,5 @@
-"""Every rule, in one explicit tuple, and `evaluate`: all enabled rules over the fleet view,
+"""Every rule, in one explicit tuple, classified node-local / fleet-level / time-dependent
+(for aggregator.rules.incremental), and `evaluate`: all enabled rules over the fleet view,
 findings sorted deterministically (severity, node, rule, subject).
 
 Pure. A rule that raises on input it did not foresee becomes a `data-quality` finding

@@ -175,7 +175,7 @@ class AgentProcess:
         """Set once this run logged its metrics address."""
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"agent exited: {self.output()[-2000:]}")
-        found = re.search(r"serving metrics on (\S+)", self.output())
+        found = re.search(r"serving metrics on (http://[^\s\"]+)", self.output())  # text or JSON
         return found.group(1) if found else None
 
     def kill(self) -> None:

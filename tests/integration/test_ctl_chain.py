@@ -64,7 +64,7 @@ def test_trace_json_is_the_api_json_and_keeps_the_exit_code(server: str) -> None
 def test_trace_wide_shows_evidence_of_every_link(server: str) -> None:
     result = ctl("--server", server, "trace", "gpu-001", RES, "-o", "wide")
     assert result.exit_code == 0, result.output
-    assert result.stdout.count("evidence:") == 9
+    assert result.stdout.count("evidence:") == 10  # with the tested-data-path link
     assert '"registration": "registered"' in result.stdout
 
 

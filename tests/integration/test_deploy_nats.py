@@ -142,10 +142,19 @@ async def test_the_deployed_config_forms_an_authenticated_jetstream_cluster(
         async def on_message(msg: nats.aio.msg.Msg) -> None:
             await got.put(msg.data)
 
-        await aggregator.subscribe(subjects.node_subject(NODE, "snapshot"), cb=on_message)
+        subject = subjects.node_subject(NODE, "snapshot")
+        await aggregator.subscribe(subject, cb=on_message)
         await aggregator.flush()
-        await agent.publish(subjects.node_subject(NODE, "snapshot"), b"hello")  # over a route
-        assert await asyncio.wait_for(got.get(), timeout=10) == b"hello"
+
+        async def delivered() -> bool:
+            # Interest reaches the agent's server over a route asynchronously: until it
+            # has, a core publish finds no subscriber and is dropped, so publish again.
+            await agent.publish(subject, b"hello")
+            await agent.flush()
+            return not got.empty()
+
+        await wait_until(delivered, timeout=20, interval=0.1, what="a message over a route")
+        assert got.get_nowait() == b"hello"
     finally:
         await agent.close()
         await aggregator.close()

@@ -112,6 +112,11 @@ def test_an_agent_without_device_plugin_or_snapshot_still_exposes_every_family()
         "nicfleet_agent_messages_published",
         "nicfleet_agent_collection_duration_seconds",
         "nicfleet_agent_sysfs_read_errors",
+        "nicfleet_agent_port_up",
+        "nicfleet_agent_port_stats_total",
+        "nicfleet_agent_counter_read_errors",
+        "nicfleet_agent_device_plugin_registered",
+        "nicfleet_agent_device_plugin_healthy_devices",
     ):
         assert f"# TYPE {family}" in text
     assert "nicfleet_agent_desired_config_rejected_total 0.0" in text

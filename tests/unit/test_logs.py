@@ -124,3 +124,13 @@ def test_agent_log_flags_reach_the_root_logger() -> None:
     )
     assert result.exit_code == 0, result.output
     assert logging.getLogger().level == logging.DEBUG
+
+
+def test_the_agent_tags_every_event_with_its_node() -> None:
+    out = io.StringIO()
+    agent.logs.configure_logging("info", "json", out)
+    agent.logs.tag_node("node-7")
+    logging.getLogger("x").info("plain")
+    logging.getLogger("x").info("elsewhere", extra={"node": "other"})
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["node"] for e in events] == ["node-7", "other"]

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from aggregator.alerts.setup import AllRules
 from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
 from aggregator.fleet import Fleet
 from aggregator.rules import fleetpolicy, links, versions
@@ -322,3 +323,17 @@ def test_a_rule_that_raises_is_a_data_quality_finding_until_the_node_is_fixed() 
         assert found == evaluate(fleet.view(), now=T0)
         subjects = {f.subject for f in found if f.node is None}
         assert ("rule/gpu-nic-affinity" in subjects) is raised
+
+
+def test_the_alert_engine_rules_are_the_incremental_ones() -> None:
+    fleet = Fleet()
+    fleet.apply_snapshot(node("n1"), received_at=T0)
+    fleet.apply_snapshot(node("n2", adapter(fw="28.39.1002")), received_at=T0)
+    rules = AllRules()
+    policies = policy_doc("p", expect={"mtu": 2048})
+    for step in range(3):
+        if step == 1:
+            fleet.apply_counters(batch("n1", port_counters(rates={RATES[0]: 5.0})), T0)
+        found = rules.evaluate(fleet, policies, NO_CLUSTER, T0 + step)
+        assert found == evaluate(fleet.view(), policies, NO_CLUSTER, T0 + step)
+    assert rules._incremental.rebuilds == 1

@@ -11,6 +11,7 @@ import pytest
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
 from aggregator.fleet import NodeRecord
 from aggregator.trace import LINK_NAMES, Trace, UnknownNode, UnknownResource, trace
+from aggregator.validation import ValidationRecord
 from proto.inventory import Device, ModuleInfo, NodeSnapshot
 from proto.messages import DevicePluginStatus, ResourceStatus
 from proto.policy import Policy
@@ -36,6 +37,12 @@ def adapter(name: str, index: int, **kwargs: Any) -> Device:
 
 ADAPTERS = (adapter("mlx5_0", 0), adapter("mlx5_1", 1))
 SERVED = plugin_status(NODE, resource_status(RES, devices=("mlx5_0", "mlx5_1")))
+# A passed pair validation (aggregator.validation): the chain's tested-data-path link.
+VALIDATED = ValidationRecord(
+    id="abc123", nodes=(NODE, "gpu-002"), resource=RES, namespace="nicfleet-system",
+    phase="done", passed=True, created_at=T0 - 60, updated_at=T0, phase_since=T0,
+    finished_at=T0, bytes_per_second=24e9,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class World:
     )
     cluster_present: bool = True
     now: float = T0 + 5
+    validation: ValidationRecord | None = VALIDATED
 
     def fleet(self) -> dict[str, NodeRecord]:
         if not self.in_fleet:
@@ -87,6 +95,7 @@ class World:
             policies=self.policies,
             now=self.now,
             stale_after=30.0,
+            validation=self.validation,
         )
 
 

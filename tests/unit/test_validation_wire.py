@@ -59,7 +59,9 @@ def full_result() -> ValidationResult:
                 ),
             ),
             interfaces=(
-                InterfaceEvidence(name="net1", operstate="up", mtu=9000, addresses=("10.0.0.5/24",)),
+                InterfaceEvidence(
+                    name="net1", operstate="up", mtu=9000, addresses=("10.0.0.5/24",)
+                ),
             ),
             gid_matches=(
                 GidMatch(

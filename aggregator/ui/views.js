@@ -1,0 +1,221 @@
+// The three views: the fleet, one node, one resource's trace. Each `load*` fetches what
+// it shows and returns a DOM tree; the router re-runs it on a timer.
+
+import { ApiError, getJSON } from "./api.js";
+import { fmtAge, fmtRate, fmtTime, h, link, sparkline, table } from "./dom.js";
+import { topologyView } from "./topology.js";
+
+const SEVERITIES = ["critical", "warning", "info"];
+const HISTORY = 60; // samples per port in the sparkline ring buffer
+// Counter rates (per second) that count as errors, by the agent's rate keys.
+const ERROR_RATES = new Set([
+  "counters/symbol_error", "counters/link_error_recovery", "counters/link_downed",
+  "counters/port_rcv_errors", "counters/port_rcv_remote_physical_errors",
+  "counters/port_rcv_switch_relay_errors", "counters/port_xmit_discards",
+  "counters/port_xmit_constraint_errors", "counters/port_rcv_constraint_errors",
+  "counters/local_link_integrity_errors", "counters/excessive_buffer_overrun_errors",
+  "counters/VL15_dropped", "hw_counters/out_of_buffer", "hw_counters/out_of_sequence",
+  "hw_counters/packet_seq_err", "hw_counters/local_ack_timeout_err",
+  "hw_counters/rnr_nak_retry_err", "hw_counters/rx_icrc_encapsulated",
+]);
+
+/** node -> {seq, ports: Map("mlx5_0/1" -> [{rx, tx, errors}])}: polled counter batches. */
+const history = new Map();
+
+async function optional(promise) {
+  // Findings and alerts exist only where the alert engine runs; a 404 means "not here".
+  try {
+    return await promise;
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) return null;
+    throw error;
+  }
+}
+
+function stateBadge(state) {
+  const cls = state === "ready" || state === "ACTIVE" || state === "ok" ? "ok" : state === "unknown" ? "unknown" : "bad";
+  return h("span", { class: `badge ${cls}` }, state);
+}
+
+function findingCounts(findings) {
+  const counts = new Map();
+  for (const f of findings?.items ?? []) {
+    const node = f.node ?? "_fleet";
+    const entry = counts.get(node) ?? { critical: 0, warning: 0, info: 0 };
+    if (SEVERITIES.includes(f.severity)) entry[f.severity] += 1;
+    counts.set(node, entry);
+  }
+  return counts;
+}
+
+function countCells(entry) {
+  return SEVERITIES.map((s) =>
+    h("td", { class: `num ${entry && entry[s] ? s : "zero"}`, "data-severity": s }, entry ? entry[s] : 0));
+}
+
+export async function loadFleet() {
+  const [nodes, findings, resources] = await Promise.all([
+    getJSON("/api/v1/nodes"),
+    optional(getJSON("/api/v1/findings")),
+    getJSON("/api/v1/resources"),
+  ]);
+  const counts = findingCounts(findings);
+  const rows = nodes.items.map((n) =>
+    h("tr", { "data-node": n.name, "data-state": n.state },
+      h("td", {}, link(["node", n.name], n.name)),
+      h("td", {}, stateBadge(n.state)),
+      h("td", { class: "num" }, n.gpus),
+      h("td", { class: "num" }, n.devices),
+      h("td", { class: "num" }, `${n.ports_active}/${n.ports_total}`),
+      h("td", { class: n.ports_down.length ? "bad" : "" }, n.ports_down.join(", ") || "—"),
+      h("td", { class: "num" }, n.max_rate_gbps === null ? "–" : `${n.max_rate_gbps} Gb/s`),
+      countCells(counts.get(n.name)),
+      h("td", { class: "num" }, fmtAge(n.age_s)),
+    ));
+  const fleetWide = counts.get("_fleet");
+  const resourceRows = resources.items.map((r) =>
+    h("tr", { "data-resource": r.name },
+      h("td", {}, r.name),
+      h("td", { class: "num" }, `${r.nodes_advertising}/${r.nodes_selected}`),
+      h("td", { class: "num" }, r.capacity),
+      h("td", { class: "num" }, r.healthy),
+      h("td", { class: "num" }, r.allocatable ?? "–"),
+      h("td", {}, r.nodes.map((n) => [link(["trace", n.node, r.name], n.node), " "])),
+    ));
+  return h("section", {},
+    h("h1", {}, "Fleet ", h("span", { class: "count" }, nodes.total)),
+    nodes.items.length === 0
+      ? h("p", { class: "muted", id: "fleet-empty" }, "No nodes yet: no agent has reported to this aggregator.")
+      : null,
+    table(["node", "state", "GPUs", "NICs", "ports up", "ports down", "max rate", "critical", "warning", "info", "last seen"],
+      rows, { id: "fleet" }),
+    fleetWide ? h("p", {}, `Fleet-wide findings: ${fleetWide.critical} critical, ${fleetWide.warning} warning, ${fleetWide.info} info.`) : null,
+    h("h2", {}, "Resources"),
+    resources.items.length === 0
+      ? h("p", { class: "muted" }, "No RDMA resource is configured or advertised.")
+      : table(["resource", "nodes advertising", "capacity", "healthy", "allocatable", "trace on"], resourceRows, { id: "resources" }),
+  );
+}
+
+function remember(node, counters) {
+  const entry = history.get(node) ?? { seq: null, at: null, ports: new Map() };
+  history.set(node, entry);
+  if (!counters || (counters.seq === entry.seq && counters.collected_at === entry.at)) return entry;
+  entry.seq = counters.seq;
+  entry.at = counters.collected_at;
+  for (const port of counters.ports ?? []) {
+    const rates = port.rates ?? {};
+    let errors = 0;
+    for (const [key, value] of Object.entries(rates)) if (ERROR_RATES.has(key)) errors += Number(value) || 0;
+    const key = `${port.device}/${port.port}`;
+    const ring = entry.ports.get(key) ?? [];
+    ring.push({ rx: Number(rates.rx_bytes) || 0, tx: Number(rates.tx_bytes) || 0, errors });
+    if (ring.length > HISTORY) ring.splice(0, ring.length - HISTORY);
+    entry.ports.set(key, ring);
+  }
+  return entry;
+}
+
+function portsView(snapshot, entry) {
+  const rows = [];
+  for (const device of snapshot.devices ?? []) {
+    for (const port of device.ports ?? []) {
+      const key = `${device.name}/${port.port}`;
+      const ring = entry.ports.get(key) ?? [];
+      const last = ring[ring.length - 1];
+      const netdevs = (device.interfaces ?? []).filter((i) => i.port === port.port).map((i) => i.name);
+      rows.push(h("tr", { "data-port": key, "data-state": port.state },
+        h("td", {}, key),
+        h("td", {}, netdevs.join(", ") || (device.netdevs ?? []).join(", ") || "–"),
+        h("td", {}, port.link_layer),
+        h("td", {}, stateBadge(port.state)),
+        h("td", {}, port.phys_state ?? "–"),
+        h("td", { class: "num" }, port.rate_gbps === null ? "–" : `${port.rate_gbps} Gb/s ${port.rate_speed ?? ""}`),
+        h("td", { class: "num" }, last ? fmtRate(last.rx) : "–"),
+        h("td", { class: "num" }, last ? fmtRate(last.tx) : "–"),
+        h("td", { class: `num ${last && last.errors > 0 ? "bad" : ""}` }, last ? `${last.errors.toFixed(1)}/s` : "–"),
+        h("td", {}, sparkline(ring.map((s) => s.rx + s.tx), { label: `${key} rx+tx bytes/s` }),
+          sparkline(ring.map((s) => s.errors), { label: `${key} errors/s`, height: 12 })),
+      ));
+    }
+  }
+  return table(["port", "netdev", "link layer", "state", "physical", "rate", "rx", "tx", "errors", "rx+tx / errors"],
+    rows, { id: "ports" });
+}
+
+function pluginView(node, plugin) {
+  if (!plugin) return h("p", { class: "muted", id: "plugin-empty" }, "The agent reports no device plugin.");
+  const rows = (plugin.resources ?? []).map((r) =>
+    h("tr", { "data-resource": r.name },
+      h("td", {}, link(["trace", node, r.name], r.name)),
+      h("td", { class: "num" }, r.advertised),
+      h("td", { class: `num ${r.healthy > 0 ? "" : "bad"}` }, r.healthy),
+      h("td", {}, (r.devices ?? []).join(", ") || "–"),
+      h("td", {}, stateBadge(r.registration === "registered" ? "ok" : r.registration)),
+      h("td", {}, [...Object.entries(r.unhealthy ?? {}), ...Object.entries(r.excluded ?? {})]
+        .map(([dev, why]) => `${dev}: ${why}`).join("; ") || "–"),
+    ));
+  return h("div", {},
+    h("p", {}, `Config generation ${plugin.config_generation}; registered: ${plugin.registered ? "yes" : "no"}.`),
+    table(["resource", "advertised", "healthy", "adapters", "registration", "why not"], rows, { id: "plugin" }));
+}
+
+function findingsView(findings) {
+  if (!findings) return h("p", { class: "muted" }, "No alert engine on this aggregator.");
+  if (findings.items.length === 0) return h("p", { class: "muted", id: "findings-empty" }, "No findings.");
+  return table(["severity", "rule", "subject", "message"], findings.items.map((f) =>
+    h("tr", { "data-rule": f.rule },
+      h("td", {}, h("span", { class: `badge ${f.severity}` }, f.severity)),
+      h("td", {}, f.rule), h("td", {}, f.subject), h("td", {}, f.message))), { id: "findings" });
+}
+
+export async function loadNode(name) {
+  const [detail, findings] = await Promise.all([
+    getJSON(`/api/v1/nodes/${encodeURIComponent(name)}`),
+    optional(getJSON("/api/v1/findings", { node: name })),
+  ]);
+  const s = detail.summary;
+  const entry = remember(name, detail.counters);
+  const snapshot = detail.snapshot;
+  const events = (detail.events ?? []).slice(-10).reverse();
+  return h("section", { "data-node": name },
+    h("h1", {}, name, " ", stateBadge(s.state)),
+    h("p", { class: "facts" },
+      `${s.gpus} GPUs · ${s.devices} NICs · ${s.ports_active}/${s.ports_total} ports active · `,
+      `firmware ${s.firmware.join(", ") || "–"} · agent ${s.agent_version ?? "–"} · last seen ${fmtAge(s.age_s)} ago`),
+    h("h2", {}, "GPU × NIC topology"),
+    snapshot ? topologyView(snapshot) : h("p", { class: "muted" }, "No snapshot yet."),
+    h("h2", {}, "Ports"),
+    snapshot ? portsView(snapshot, entry) : h("p", { class: "muted" }, "No snapshot yet."),
+    h("h2", {}, "Device plugin"),
+    pluginView(name, detail.device_plugin),
+    h("h2", {}, "Findings"),
+    findingsView(findings),
+    h("h2", {}, "Recent link events"),
+    events.length === 0 ? h("p", { class: "muted" }, "None.") : table(["observed", "kind", "what", "change"],
+      events.map((e) => h("tr", {},
+        h("td", {}, fmtTime(e.observed_at)), h("td", {}, e.kind),
+        h("td", {}, [e.device, e.port, e.netdev].filter((x) => x !== null && x !== undefined).join("/")),
+        h("td", {}, `${e.old_state ?? "?"} → ${e.new_state ?? "?"}`))), { id: "events" }),
+  );
+}
+
+export async function loadTrace(node, resource) {
+  const trace = await getJSON("/api/v1/trace", { node, resource });
+  const links = trace.links.map((l, index) =>
+    h("li", { class: `link ${["ok", "broken", "unknown"].includes(l.status) ? l.status : "unknown"}`, "data-link": l.name, "data-status": l.status },
+      h("div", { class: "name" }, `${index}. ${l.name}`, " ", stateBadge(l.status)),
+      l.cause ? h("p", { class: "cause" }, l.cause) : null,
+      l.fix ? h("p", { class: "fix" }, "Fix: ", l.fix) : null,
+      h("details", {}, h("summary", {}, "evidence"), h("pre", {}, JSON.stringify(l.evidence, null, 2))),
+    ));
+  const verdict = trace.ok
+    ? h("p", { class: "ok", id: "verdict" }, "Every link holds.")
+    : h("p", { class: "bad", id: "verdict" }, `Broken at link ${trace.first_broken}: ${trace.links[trace.first_broken]?.name ?? "?"}.`);
+  return h("section", {},
+    h("h1", {}, "Trace ", link(["node", node], node), ` · ${resource}`),
+    verdict,
+    h("ol", { class: "chain", id: "chain" }, links),
+    h("p", { class: "muted" }, `Checked ${fmtTime(trace.checked_at)}.`),
+  );
+}
