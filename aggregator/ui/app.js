@@ -51,11 +51,13 @@ async function render() {
       if (open.has(item.dataset.link)) item.querySelector("details").open = true;
     }
     view.dataset.view = route.name;
+    drawAlerts(); // keeps the "since" column current
   } catch (error) {
     if (mine !== generation) return;
     if (error instanceof AuthRequired) {
+      replace(view, h("p", { class: "muted" }, "This aggregator needs an API token."));
       askToken(error.message);
-      return; // the token form renders again
+      return; // submitting the token renders again
     }
     replace(view, problem(error));
     view.dataset.view = "error";

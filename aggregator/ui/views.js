@@ -7,19 +7,21 @@ import { topologyView } from "./topology.js";
 
 const SEVERITIES = ["critical", "warning", "info"];
 const HISTORY = 60; // samples per port in the sparkline ring buffer
-// Counter rates (per second) that count as errors, by the agent's rate keys.
-const ERROR_RATES = new Set([
-  "counters/symbol_error", "counters/link_error_recovery", "counters/link_downed",
-  "counters/port_rcv_errors", "counters/port_rcv_remote_physical_errors",
-  "counters/port_rcv_switch_relay_errors", "counters/port_xmit_discards",
-  "counters/port_xmit_constraint_errors", "counters/port_rcv_constraint_errors",
-  "counters/local_link_integrity_errors", "counters/excessive_buffer_overrun_errors",
-  "counters/VL15_dropped", "hw_counters/out_of_buffer", "hw_counters/out_of_sequence",
-  "hw_counters/packet_seq_err", "hw_counters/local_ack_timeout_err",
-  "hw_counters/rnr_nak_retry_err", "hw_counters/rx_icrc_encapsulated",
-]);
+// Counters that count as errors (IBTA PMA port counters and mlx5 queue counters).
+const ERROR_COUNTERS = {
+  counters: new Set([
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+    "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+    "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors", "VL15_dropped",
+  ]),
+  hw_counters: new Set([
+    "out_of_buffer", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
+    "rnr_nak_retry_err", "rx_icrc_encapsulated",
+  ]),
+};
 
-/** node -> {seq, ports: Map("mlx5_0/1" -> [{rx, tx, errors}])}: polled counter batches. */
+/** node -> {at, last: Map(port -> totals), rates: Map(port -> [{rx, tx, errors}])}. */
 const history = new Map();
 
 async function optional(promise) {
@@ -97,22 +99,38 @@ export async function loadFleet() {
   );
 }
 
-function remember(node, counters) {
-  const entry = history.get(node) ?? { seq: null, at: null, ports: new Map() };
-  history.set(node, entry);
-  if (!counters || (counters.seq === entry.seq && counters.collected_at === entry.at)) return entry;
-  entry.seq = counters.seq;
-  entry.at = counters.collected_at;
-  for (const port of counters.ports ?? []) {
-    const rates = port.rates ?? {};
-    let errors = 0;
-    for (const [key, value] of Object.entries(rates)) if (ERROR_RATES.has(key)) errors += Number(value) || 0;
-    const key = `${port.device}/${port.port}`;
-    const ring = entry.ports.get(key) ?? [];
-    ring.push({ rx: Number(rates.rx_bytes) || 0, tx: Number(rates.tx_bytes) || 0, errors });
-    if (ring.length > HISTORY) ring.splice(0, ring.length - HISTORY);
-    entry.ports.set(key, ring);
+function totals(port) {
+  let errors = 0;
+  for (const [group, names] of Object.entries(ERROR_COUNTERS)) {
+    for (const [name, value] of Object.entries(port[group] ?? {})) {
+      if (names.has(name)) errors += Number(value) || 0;
+    }
   }
+  const bytes = (value) => (value === null || value === undefined ? NaN : Number(value));
+  return { rx: bytes(port.rx_bytes), tx: bytes(port.tx_bytes), errors };
+}
+
+/** Per-second rates between this poll's counter batch and the previous one, per port. */
+function remember(node, counters) {
+  const entry = history.get(node) ?? { at: null, last: new Map(), rates: new Map() };
+  history.set(node, entry);
+  const at = Number(counters?.collected_at);
+  if (!counters || !Number.isFinite(at) || at === entry.at) return entry;
+  const dt = entry.at === null ? null : at - entry.at;
+  for (const port of counters.ports ?? []) {
+    const key = `${port.device}/${port.port}`;
+    const now = totals(port);
+    const before = entry.last.get(key);
+    entry.last.set(key, now);
+    if (!before || !(dt > 0)) continue;
+    // A counter that went down was reset: no rate for that interval.
+    const rate = (field) => (now[field] >= before[field] ? (now[field] - before[field]) / dt : NaN);
+    const ring = entry.rates.get(key) ?? [];
+    ring.push({ rx: rate("rx"), tx: rate("tx"), errors: rate("errors") });
+    if (ring.length > HISTORY) ring.splice(0, ring.length - HISTORY);
+    entry.rates.set(key, ring);
+  }
+  entry.at = at;
   return entry;
 }
 
@@ -121,7 +139,7 @@ function portsView(snapshot, entry) {
   for (const device of snapshot.devices ?? []) {
     for (const port of device.ports ?? []) {
       const key = `${device.name}/${port.port}`;
-      const ring = entry.ports.get(key) ?? [];
+      const ring = entry.rates.get(key) ?? [];
       const last = ring[ring.length - 1];
       const netdevs = (device.interfaces ?? []).filter((i) => i.port === port.port).map((i) => i.name);
       rows.push(h("tr", { "data-port": key, "data-state": port.state },
@@ -133,7 +151,7 @@ function portsView(snapshot, entry) {
         h("td", { class: "num" }, port.rate_gbps === null ? "–" : `${port.rate_gbps} Gb/s ${port.rate_speed ?? ""}`),
         h("td", { class: "num" }, last ? fmtRate(last.rx) : "–"),
         h("td", { class: "num" }, last ? fmtRate(last.tx) : "–"),
-        h("td", { class: `num ${last && last.errors > 0 ? "bad" : ""}` }, last ? `${last.errors.toFixed(1)}/s` : "–"),
+        h("td", { class: `num ${last && last.errors > 0 ? "bad" : ""}` }, last && Number.isFinite(last.errors) ? `${last.errors.toFixed(1)}/s` : "–"),
         h("td", {}, sparkline(ring.map((s) => s.rx + s.tx), { label: `${key} rx+tx bytes/s` }),
           sparkline(ring.map((s) => s.errors), { label: `${key} errors/s`, height: 12 })),
       ));
