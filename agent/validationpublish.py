@@ -24,6 +24,10 @@ class PublishFailed(AgentError):
     """The result could not be delivered to NATS before the deadline."""
 
 
+async def _quiet(exc: Exception) -> None:
+    """Connection errors end up in PublishFailed; nats.py would log each one."""
+
+
 async def publish_result(
     result: ValidationResult, *, url: str, security: NatsClientSecurity, timeout: float
 ) -> str:
@@ -35,14 +39,17 @@ async def publish_result(
     last: Exception | None = None
     while (left := deadline - time.monotonic()) > 0:
         try:
-            nc = await nats.connect(
+            connecting = nats.connect(
                 url,
                 name=f"nicfleet-verify/{result.validation_id}",
                 connect_timeout=max(1, int(left)),
                 allow_reconnect=False,
                 max_reconnect_attempts=0,
+                error_cb=_quiet,
                 **connect_options(security),
             )
+            # nats.connect can keep retrying a refused first connect; the deadline rules.
+            nc = await asyncio.wait_for(connecting, left)
         except (TimeoutError, OSError, NatsError) as exc:
             last = exc
             await asyncio.sleep(min(0.5, left))  # retry back-off, bounded by the deadline

@@ -24,6 +24,7 @@ class Role(StrEnum):
     AGENT = "agent"
     AGGREGATOR = "aggregator"
     OBSERVER = "observer"  # reads alerts only, e.g. an alert consumer
+    VALIDATOR = "validator"  # a validation pod: publishes its ValidationResult only
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ def observer_permissions() -> Permissions:
     return Permissions(publish_deny=(">",), subscribe_allow=(subjects.ALERT_WILDCARD,))
 
 
+def validator_permissions() -> Permissions:
+    """`nicfleet-agent verify` in a validation pod: publish results, read nothing."""
+    return Permissions(publish_allow=(subjects.VALIDATION_WILDCARD,), subscribe_deny=(">",))
+
+
 def permissions_for(identity: Identity) -> Permissions:
     if identity.role is Role.AGENT:
         if identity.node is None:
@@ -101,6 +107,8 @@ def permissions_for(identity: Identity) -> Permissions:
         return agent_permissions(identity.node)
     if identity.role is Role.AGGREGATOR:
         return aggregator_permissions()
+    if identity.role is Role.VALIDATOR:
+        return validator_permissions()
     return observer_permissions()
 
 

@@ -237,6 +237,7 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
 }
 
 VALIDATION_ID: Final[Schema] = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"}
+_DNS_LABEL = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 # The GETs of aggregator.api_validations (registered by the service, with a NATS connection).
 VALIDATION_OPERATIONS: Final[Mapping[str, Schema]] = {
     "/api/v1/validations": {
@@ -289,6 +290,7 @@ POST_OPERATIONS: Final[Mapping[str, Schema]] = {
                             "resource": RESOURCE_NAME,
                             "network": {
                                 "type": "string",
+                                "pattern": rf"^({_DNS_LABEL}/)?{_DNS_LABEL}$",
                                 "description": "NetworkAttachmentDefinition, [namespace/]name.",
                             },
                         },

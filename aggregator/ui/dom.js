@@ -42,7 +42,7 @@ export function link(parts, ...children) {
 }
 
 /** Inline SVG polyline of `values` (numbers), scaled to its own maximum. */
-export function sparkline(values, { width = 120, height = 22, label = "" } = {}) {
+export function sparkline(values, { width = 120, height = 22, label = "", series = "" } = {}) {
   const svg = document.createElementNS(SVG_NS, "svg");
   svg.setAttribute("class", "spark");
   svg.setAttribute("width", String(width));
@@ -51,7 +51,9 @@ export function sparkline(values, { width = 120, height = 22, label = "" } = {})
   svg.setAttribute("role", "img");
   svg.setAttribute("aria-label", label);
   const numbers = values.map(Number).filter(Number.isFinite);
+  svg.dataset.series = series;
   svg.dataset.points = String(numbers.length);
+  svg.dataset.max = String(Math.max(0, ...numbers));
   if (numbers.length < 2) return svg;
   const max = Math.max(...numbers) || 1;
   const step = width / (numbers.length - 1);

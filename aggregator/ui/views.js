@@ -152,8 +152,8 @@ function portsView(snapshot, entry) {
         h("td", { class: "num" }, last ? fmtRate(last.rx) : "–"),
         h("td", { class: "num" }, last ? fmtRate(last.tx) : "–"),
         h("td", { class: `num ${last && last.errors > 0 ? "bad" : ""}` }, last && Number.isFinite(last.errors) ? `${last.errors.toFixed(1)}/s` : "–"),
-        h("td", {}, sparkline(ring.map((s) => s.rx + s.tx), { label: `${key} rx+tx bytes/s` }),
-          sparkline(ring.map((s) => s.errors), { label: `${key} errors/s`, height: 12 })),
+        h("td", {}, sparkline(ring.map((s) => s.rx + s.tx), { label: `${key} rx+tx bytes/s`, series: "traffic" }),
+          sparkline(ring.map((s) => s.errors), { label: `${key} errors/s`, height: 12, series: "errors" })),
       ));
     }
   }

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.api import ApiSettings, build_app
 from aggregator.api_validations import add_validation_routes
+from aggregator.apiauth import ApiAuth
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
 from aggregator.kube import KubeClient, KubeSettings
@@ -169,6 +170,7 @@ async def validation_stack(
     script: Script = everyone_passes,
     settings: ValidationSettings = FAST,
     with_cluster: bool = True,
+    auth: ApiAuth | None = None,
 ) -> AsyncIterator[Stack]:
     emulator = kmock.KubernetesEmulator()
     emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
@@ -196,6 +198,7 @@ async def validation_stack(
             clock=time.time,
             metrics=registry,
             latest_validation=store.latest_for,
+            auth=auth,
         )
         add_validation_routes(app, runner=runner, fleet=fleet, cluster=lambda: NO_CLUSTER)
         app_runner = web.AppRunner(app, access_log=None)

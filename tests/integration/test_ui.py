@@ -20,7 +20,7 @@ import msgspec
 import nats
 import pytest
 
-from agent.lab.faults import port_down
+from agent.lab.faults import bump_counter, port_down
 from agent.topology import parse_topo_matrix
 from aggregator.api_ui import CONTENT_TYPES, load_files
 from aggregator.apiauth import load_token_file
@@ -101,6 +101,12 @@ def artifact(name: str) -> Path:
     return ARTIFACTS / name
 
 
+def spark(port: str, series: str) -> str:
+    """JavaScript for the sparkline `series` (traffic|errors) of `port` in the ports table."""
+    selector = f"#ports tr[data-port='{port}'] svg[data-series={series}]"
+    return f"document.querySelector({json.dumps(selector)})"
+
+
 async def no_page_errors(page: Page) -> None:
     assert page.exceptions == [], page.exceptions
 
@@ -177,11 +183,16 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
         # Ports with state, and sparklines from at least two polled counter batches.
         ports = await rows(page, "#ports tbody tr", "data-port")
         assert ports == [f"mlx5_{k}/1" for k in range(12)]
-        await page.wait_for(
-            "Number(document.querySelector('#ports tr[data-port=\"mlx5_0/1\"] svg.spark')"
-            ".dataset.points) >= 2",
-            what="a sparkline of two samples",
-        )
+        # Traffic and errors between polls: the sparklines move, the error rate shows.
+        traffic, errors = spark("mlx5_0/1", "traffic"), spark("mlx5_0/1", "errors")
+        await page.wait_for(f"Number({traffic}.dataset.points) >= 1", what="a first rate")
+        for words in (50_000_000, 150_000_000, 100_000_000, 200_000_000):
+            points = await page.evaluate(f"Number({traffic}.dataset.points)")
+            bump_counter(ib_root, "mlx5_0", 1, "port_xmit_data", words, atomic=False)
+            await page.wait_for(f"Number({traffic}.dataset.points) > {points}", what="a sample")
+        bump_counter(ib_root, "mlx5_0", 1, "symbol_error", 7, atomic=False)
+        await page.wait_for(f"Number({traffic}.dataset.max) > 0", what="traffic in the sparkline")
+        await page.wait_for(f"Number({errors}.dataset.max) > 0", what="errors in the sparkline")
         assert await rows(page, "#plugin tbody tr", "data-resource") == [RESOURCE]
         await page.screenshot(artifact("ui-node.png"))
 

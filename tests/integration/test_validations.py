@@ -4,10 +4,13 @@ every way out (done, timeout, pod failure, shutdown) must leave no pod behind.""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
+import requests
+from schemathesis import GenerationMode
 
 from aggregator.natsserver import NatsServer
 from aggregator.validation import ValidationRecord, ValidationSettings
@@ -21,8 +24,10 @@ from tests.integration._validation_fixtures import (
     RES,
     Stack,
     answer,
+    stack_in_thread,
     validation_stack,
 )
+from tests.integration.test_api_schema import generate, load, operations
 
 pytestmark = pytest.mark.integration
 
@@ -288,3 +293,20 @@ async def test_queue_full_answers_429(nats_server: NatsServer) -> None:
         busy = await post(stack, good)
         assert busy.status_code == 429
         assert busy.headers["Retry-After"] == "10"
+
+
+def test_schemathesis_on_the_validation_routes(own_nats: NatsServer) -> None:
+    """The served document describes what the routes answer: fuzzed bodies, ids and queries
+    (the same checks as test_api_schema, which serves no NATS and so no validations)."""
+    with stack_in_thread(own_nats.url) as stack:
+        schema = load(stack.url, {})
+        seen: Counter[int] = Counter()
+        with requests.Session() as session:
+            for operation in operations(schema):
+                if not operation.path.startswith("/api/v1/validations"):
+                    continue
+                for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                    generate(operation, mode, 15, stack.url, session, {}, seen)
+        print("STATUSES", dict(seen))
+        assert seen[500] == 0
+        assert seen[400] > 0 and seen[200] > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from agent.handshake import Abort, Endpoint, decode_body
+from agent.handshake import Abort, decode_body
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
@@ -59,7 +60,9 @@ def verify_cmd(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "agent", "verify", *map(str, args)]
 
 
-def run(*args: str | Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str | Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(verify_cmd(*args), capture_output=True, text=True, timeout=60,
                           env=dict(env or base_env()), cwd=REPO, check=False)  # fmt: skip
 
@@ -82,7 +85,10 @@ def test_ordinary_interface_only_exits_three_with_the_reason(ib_tree: Path, tmp_
     done = run("--sysfs-root", ib_tree, "--dev-root", tmp_path / "empty-dev")
     assert done.returncode == 3, done.stderr
     assert done.stdout.startswith("verdict: ordinary-interface-only\n")
-    assert "no-rdma-device-in-pod" in done.stdout and "(missing: /dev/infiniband/uverbs*)" in done.stdout
+    assert (
+        "no-rdma-device-in-pod" in done.stdout
+        and "(missing: /dev/infiniband/uverbs*)" in done.stdout
+    )
 
 
 def test_broken_exits_one_naming_every_reason(tmp_path: Path, dev: Path) -> None:
@@ -93,7 +99,10 @@ def test_broken_exits_one_naming_every_reason(tmp_path: Path, dev: Path) -> None
                env=base_env(NICFLEET_RDMA_DEVICES="mlx5_0,mlx5_7"))  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "verdict: broken" in done.stdout
-    assert "injected-device-not-visible" in done.stdout and "/sys/class/infiniband/mlx5_7" in done.stdout
+    assert (
+        "injected-device-not-visible" in done.stdout
+        and "/sys/class/infiniband/mlx5_7" in done.stdout
+    )
     assert "port-down" in done.stdout and "mlx5_0 port ACTIVE" in done.stdout
 
 
@@ -163,8 +172,6 @@ def test_serve_side_with_bad_evidence_and_no_peer_ends_within_its_timeout(
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -183,7 +190,7 @@ async def test_validation_pod_publishes_its_result(
             *verify_cmd("--sysfs-root", ib_tree, "--dev-root", dev), env=env, cwd=REPO,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), 60)
+        _, err = await asyncio.wait_for(process.communicate(), 60)
         message = await sub.next_msg(timeout=10)
     finally:
         await nc.close()
@@ -194,7 +201,9 @@ async def test_validation_pod_publishes_its_result(
 
 
 def test_unreachable_nats_is_an_error_not_a_hang(ib_tree: Path, dev: Path) -> None:
-    env = base_env(NICFLEET_VALIDATION_ID="v-1", NICFLEET_NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    env = base_env(
+        NICFLEET_VALIDATION_ID="v-1", NICFLEET_NATS_URL=f"nats://127.0.0.1:{free_port()}"
+    )
     done = subprocess.run(verify_cmd("--sysfs-root", ib_tree, "--dev-root", dev, "--timeout", "1"),
                           capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
                           check=False)  # fmt: skip
@@ -235,7 +244,3 @@ def test_real_pyverbs_queue_pair_without_a_device_fails_cleanly() -> None:
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("error: cannot set up an RC queue pair on mlx5_0/1: ")
-
-
-def test_endpoint_type_is_what_the_server_expects_first() -> None:
-    assert Endpoint.__struct_config__.tag == "endpoint"

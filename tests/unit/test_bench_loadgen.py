@@ -10,8 +10,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from ingest_scale import summarize_profile  # noqa: E402
 from loadgen import NodeShape, build_templates, node_name, spread_port_downs  # noqa: E402
+from scale_probes import summarize_profile  # noqa: E402
 
 from proto import subjects  # noqa: E402
 from proto.codec import decode  # noqa: E402
