@@ -5,6 +5,7 @@ device plugin injected, and verbs. It decides nothing: agent.verdict judges.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from proto.messages import (
 # umadN (MADs: ibstat, perftest's IB path queries). issmN is for subnet managers only.
 _CHAR_NAME: Final = re.compile(r"(?:uverbs|umad)[0-9]+|rdma_cm", re.ASCII)
 # O_NONBLOCK: a FIFO standing in for a device (tests) must not wait for a writer.
+_NUMBERED: Final = re.compile(r"([a-z_]+?)([0-9]+)", re.ASCII)
 _OPEN_FLAGS: Final = os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 LOOPBACK: Final = "lo"
 
@@ -51,7 +53,7 @@ def read_char_devices(dev_root: Path) -> tuple[CharDeviceEvidence, ...]:
     """Every RDMA char device under <dev_root>/infiniband, opened read-write and closed."""
     base = dev_root / "infiniband"
     try:
-        names = sorted(n for n in os.listdir(base) if _CHAR_NAME.fullmatch(n))
+        names = [n for n in os.listdir(base) if _CHAR_NAME.fullmatch(n)]
     except FileNotFoundError:
         return ()
     except OSError as exc:
@@ -69,10 +71,11 @@ def read_char_devices(dev_root: Path) -> tuple[CharDeviceEvidence, ...]:
     return tuple(found)
 
 
-def _char_order(name: str) -> tuple[int, str, int]:
-    kind = 0 if name.startswith("uverbs") else 1 if name == "rdma_cm" else 2
-    digits = name.lstrip("abcdefghijklmnopqrstuvwxyz_")
-    return kind, name.rstrip("0123456789"), int(digits) if digits.isdigit() else -1
+def _char_order(name: str) -> tuple[int, int]:
+    """uverbsN first (in number order), then rdma_cm, then umadN."""
+    match = _NUMBERED.fullmatch(name)
+    number = int(match.group(2)) if match else -1
+    return (0 if name.startswith("uverbs") else 1 if name == "rdma_cm" else 2), number
 
 
 def read_rdma_devices(sysfs: Sysfs) -> tuple[tuple[DeviceEvidence, ...], tuple[ReadError, ...]]:
@@ -138,7 +141,12 @@ async def collect_evidence(settings: EvidenceSettings) -> Evidence:
     names = [d.name for d in rdma]
     if settings.verbs:
         targets = verdict.parse_env_list(settings.environ.get(ENV_RDMA_DEVICES))
-        verbs = query_devices(targets or names, search_path=settings.verbs_path)
+        found = await asyncio.to_thread(
+            query_devices, targets or names, search_path=settings.verbs_path
+        )
+        verbs = VerbsEvidence(
+            available=found.available, detail=found.detail, opened=found.opened, failed=found.failed
+        )
     else:
         verbs = VerbsEvidence(checked=False, detail="not checked (--verbs off)")
     return Evidence(

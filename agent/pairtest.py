@@ -80,7 +80,10 @@ async def accept_one(
 async def listen(
     host: str, port: int, timeout: float
 ) -> tuple[asyncio.Server, asyncio.Queue[Channel]]:
-    """A TCP server whose first accepted connection lands in the returned queue."""
+    """A TCP server whose first accepted connection lands in the returned queue.
+
+    Raises HandshakeError when the address cannot be bound.
+    """
     queue: asyncio.Queue[Channel] = asyncio.Queue(maxsize=1)
 
     async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -90,7 +93,10 @@ async def listen(
         except asyncio.QueueFull:
             await channel.close()  # one peer per test
 
-    server = await asyncio.start_server(accepted, host, port)
+    try:
+        server = await asyncio.start_server(accepted, host, port)
+    except OSError as exc:
+        raise HandshakeError(f"cannot listen on {host}:{port}: {exc}") from exc
     return server, queue
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import msgspec
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from proto import subjects
@@ -50,12 +51,14 @@ class Publisher:
         on_reconnect: Callable[[], Awaitable[None]],
         connect_timeout: float = 2.0,
         security: NatsClientSecurity = NO_SECURITY,
+        on_control: Callable[[bytes], None] | None = None,
     ) -> None:
         self.node = subjects.validate_node_name(node)
         # Checked here, so a bad credential file fails the agent at start.
         self._connect_options = connect_options(security, inbox_prefix=agent_inbox_prefix(node))
         self.url = url
         self._on_reconnect = on_reconnect
+        self._on_control = on_control  # resync requests (agent.control), if wanted
         self._connect_timeout = connect_timeout
         self._nc: NatsClient | None = None
         self.stats = PublishStats()
@@ -81,6 +84,9 @@ class Publisher:
                     **self._connect_options,
                 )
                 log.info("connected to NATS at %s", self.url)
+                if self._on_control is not None:
+                    # nats-py re-subscribes by itself after every reconnect.
+                    await self._nc.subscribe(subjects.CONTROL_RESYNC, cb=self._control)
                 return True
             except (TimeoutError, OSError, NatsError) as exc:
                 log.warning("cannot connect to NATS at %s: %s; retrying", self.url, exc)
@@ -92,6 +98,10 @@ class Publisher:
         self.stats.reconnects += 1
         log.info("reconnected to NATS at %s", self.url)
         await self._on_reconnect()
+
+    async def _control(self, msg: Msg) -> None:
+        if self._on_control is not None:
+            self._on_control(msg.data)
 
     async def _disconnected(self) -> None:
         log.warning("disconnected from NATS at %s", self.url)

@@ -20,6 +20,7 @@ import msgspec
 
 from agent import __version__
 from agent.changes import PortStates, diff_port_states
+from agent.control import ResyncControl
 from agent.counterdelta import DEFAULT_FULL_EVERY, DeltaEncoder
 from agent.counters import CounterReader
 from agent.desired import DesiredConfigWatcher, DesiredSettings
@@ -39,6 +40,7 @@ from agent.netlink import NetlinkUnavailable, NetlinkWatcher
 from agent.portstates import PortStateReader
 from agent.publisher import Publisher, PublishStats
 from agent.rates import with_rates
+from agent.resync import ResyncPolicy
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
 from proto.dpconfig import ConfigError, parse_device_plugin_config
@@ -89,6 +91,8 @@ class AgentSettings:
     # NKey seed / user and TLS for both NATS connections (publisher, desired config).
     nats_security: NatsClientSecurity = NO_SECURITY
     metrics_addr: tuple[str, int] | None = None  # serve /metrics on (host, port); None: off
+    # Answers to the aggregator's resync requests: random delay, at most one per interval.
+    resync: ResyncPolicy = field(default_factory=ResyncPolicy)
 
 
 class AgentService:
@@ -102,11 +106,13 @@ class AgentService:
         self._reread = asyncio.Event()  # poll port states now
         self._first_snapshot = asyncio.Event()
         self.netlink_watching = asyncio.Event()  # set once the first link dump is known
+        self.control = ResyncControl(settings.resync)  # the aggregator's resync requests
         self._publisher = Publisher(
             node=settings.node_name,
             url=settings.nats_url,
             on_reconnect=self._request_resync,
             security=settings.nats_security,
+            on_control=self.control.handle,
         )
         self._snapshot_seq = 0
         self._counter_seq = 0
@@ -203,6 +209,7 @@ class AgentService:
             tasks.create_task(self._snapshot_loop(stop))
             tasks.create_task(self._counter_loop(stop))
             tasks.create_task(self._state_loop(stop))
+            tasks.create_task(self.control.run(stop, self._request_resync))
             if self.settings.netlink:
                 tasks.create_task(self._netlink_loop(stop))
             if self.plugin is not None:

@@ -13,10 +13,9 @@ import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-
-from proto.messages import VerbsEvidence
 
 UNAVAILABLE = "verbs unavailable"
 
@@ -46,11 +45,21 @@ def probe_verbs(*, search_path: Path | None = None) -> str:
     return f"ok: {len(devices)} devices"
 
 
-def query_devices(names: Iterable[str], *, search_path: Path | None = None) -> VerbsEvidence:
+@dataclass(frozen=True)
+class DeviceQuery:
+    """What `query_devices` found (stdlib only: agent.evidence turns it into evidence)."""
+
+    available: bool
+    detail: str
+    opened: tuple[str, ...] = ()
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def query_devices(names: Iterable[str], *, search_path: Path | None = None) -> DeviceQuery:
     """Open a context on each named device and query every port; never raises."""
     detail = probe_verbs(search_path=search_path)
     if not detail.startswith("ok"):
-        return VerbsEvidence(available=False, detail=detail)
+        return DeviceQuery(available=False, detail=detail)
     device, errors = _import_pyverbs(search_path)
     opened: list[str] = []
     failed: dict[str, str] = {}
@@ -64,7 +73,7 @@ def query_devices(names: Iterable[str], *, search_path: Path | None = None) -> V
             failed[name] = str(exc).strip() or type(exc).__name__
         else:
             opened.append(name)
-    return VerbsEvidence(available=True, detail=detail, opened=tuple(opened), failed=failed)
+    return DeviceQuery(available=True, detail=detail, opened=tuple(opened), failed=failed)
 
 
 def load_pyverbs(search_path: Path | None = None) -> SimpleNamespace:

@@ -18,11 +18,11 @@ from aggregator.api_chain import _check_node, _check_resource, _checked_query
 from aggregator.cluster import ClusterView
 from aggregator.fleet import Fleet
 from aggregator.httperrors import BadParameter, error_response, json_response
-from aggregator.validation import (
+from aggregator.validation import ValidationRecord
+from aggregator.validation_request import (
     InvalidRequest,
     ResourceNotAdvertised,
     UnknownValidationNode,
-    ValidationRecord,
     check_request,
     parse_request,
 )

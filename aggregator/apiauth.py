@@ -80,9 +80,7 @@ class ApiAuth:
 
     def is_open(self, path: str) -> bool:
         return (
-            path in OPEN_PATHS
-            or (self.metrics_public and path == METRICS_PATH)
-            or is_ui_path(path)
+            path in OPEN_PATHS or (self.metrics_public and path == METRICS_PATH) or is_ui_path(path)
         )
 
 

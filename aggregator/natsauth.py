@@ -2,8 +2,9 @@
 nats-server authorization config that grants them to NKey users.
 
 Pure: takes public keys (never seeds) and returns data or JSON text. An agent may publish
-only its own node subjects and watch only its own key of `nicfleet-config`; the
-aggregator may never publish node subjects; anonymous clients are refused.
+only its own node subjects, watch only its own key of `nicfleet-config` and hear resync
+requests only the aggregator may send; the aggregator may never publish node subjects;
+anonymous clients are refused.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Identity:
 
 
 def agent_permissions(node: str) -> Permissions:
-    """Publish its own node subjects; read its own desired-config key; own inbox only.
+    """Publish its own node subjects; read its own desired-config key, its own inbox and
+    the aggregator's resync requests (which it may not publish).
 
     The watch creates a *named, filtered* consumer, whose create subject carries the
     filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`), so the server can tell one
@@ -72,12 +74,13 @@ def agent_permissions(node: str) -> Permissions:
             f"$JS.API.STREAM.INFO.{CONFIG_STREAM}",
             f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.*.$KV.{subjects.KV_CONFIG}.{token}",
         ),
-        subscribe_allow=(f"_INBOX.{token}.>",),
+        subscribe_allow=(f"_INBOX.{token}.>", subjects.CONTROL_RESYNC),
     )
 
 
 def aggregator_permissions() -> Permissions:
-    """JetStream (KV buckets, leases), alerts and its inbox; never an agent's subjects."""
+    """JetStream (KV buckets, leases), alerts, resync requests and its inbox; never an
+    agent's subjects."""
     return Permissions(
         publish_allow=(
             "$JS.API.>",
@@ -85,6 +88,7 @@ def aggregator_permissions() -> Permissions:
             "$JS.ACK.>",
             "$JS.FC.>",
             f"{subjects.PREFIX}.alert.>",
+            subjects.CONTROL_RESYNC,
         ),
         publish_deny=(NODE_SUBJECTS,),
         subscribe_allow=(NODE_SUBJECTS, "_INBOX.>"),

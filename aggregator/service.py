@@ -23,6 +23,7 @@ from aiohttp import web
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import SlowConsumerError
 
 from aggregator.alerts.engine import AlertEngine, Evaluate
 from aggregator.alerts.setup import AlertWiring, NodeEvents, open_alert_engine
@@ -45,6 +46,7 @@ from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.nvidia_import import audit_nic_cluster_policy
 from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
+from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
 from aggregator.store import SnapshotWriter, load_nodes, open_bucket
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
@@ -88,6 +90,8 @@ class AggregatorSettings:
     # Pair validations (POST /api/v1/validations): pods from this template, phase timeouts.
     validation: ValidationSettings = field(default_factory=ValidationSettings)
     validation_template: Path = TEMPLATE
+    # Resync requests to the agents after start/reconnect/dropped messages (docs/wire.md).
+    resync: ResyncSettings = field(default_factory=ResyncSettings)
 
 
 class AggregatorService:
@@ -120,6 +124,7 @@ class AggregatorService:
         self._kube: KubeClient | None = None
         self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
         self.validations: ValidationRunner | None = None  # set once NATS is up (run)
+        self.resync: ResyncRequester | None = None  # set once node messages are subscribed
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
         self.metrics.watch_fleet(
@@ -176,6 +181,11 @@ class AggregatorService:
                 ingest.handle(msg.subject, msg.data)
 
             await nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
+            # Changes published while we were away (or loading) are only re-sent on request.
+            self.resync = ResyncRequester(
+                nc, self.settings.resync, nodes=lambda: len(self.fleet), clock=self.clock
+            )
+            self.resync.request("start")
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
             policy_source: PolicySource
             lease: LeaseStore
@@ -245,6 +255,7 @@ class AggregatorService:
             self.ready.set()
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._writer.run(stop))
+                tasks.create_task(self.resync.run(stop))
                 tasks.create_task(policy_source.run(stop))
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
@@ -277,12 +288,16 @@ class AggregatorService:
         async def up() -> None:
             connected.set(1)
             log.info("reconnected to NATS")
+            if self.resync is not None:  # whatever arrived while cut off is lost
+                self.resync.request("reconnect")
 
         async def down() -> None:
             connected.set(0)
             log.warning("disconnected from NATS")
 
         async def error(exc: Exception) -> None:
+            if isinstance(exc, SlowConsumerError) and self.resync is not None:
+                self.resync.request("slow-consumer")  # nats-py dropped messages itself
             log.warning("NATS error: %s", exc)
 
         while not stop.is_set():

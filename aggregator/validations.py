@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,7 +35,6 @@ from aggregator.validation import (
     PodView,
     RejectedResult,
     ValidationRecord,
-    ValidationRequest,
     ValidationSettings,
     abandoned,
     accept_result,
@@ -44,6 +44,7 @@ from aggregator.validation import (
     new_record,
     pod_name,
 )
+from aggregator.validation_request import ValidationRequest
 from proto import subjects
 from proto.codec import CodecError, decode, encode
 from proto.messages import ValidationResult
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 KV_VALIDATIONS: Final = "nicfleet-validations"
 # In a source tree; in a cluster the template comes from a ConfigMap (docs/validation.md).
 TEMPLATE: Final = Path(__file__).resolve().parents[1] / "deploy/validation/pod-template.yaml"
+RESYNC_S: Final = 60.0
 MAX_INBOX: Final = 16  # result messages buffered per validation; two are expected
 
 
@@ -124,8 +126,11 @@ class ValidationStore:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
                 continue
+            # A watch is an ephemeral consumer that a NATS restart can lose without a word;
+            # a fresh one every RESYNC_S re-delivers every key's latest value.
+            renew_at = time.monotonic() + RESYNC_S
             try:
-                while not stop.is_set():
+                while not stop.is_set() and time.monotonic() < renew_at:
                     try:
                         entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
                     except (TimeoutError, NatsError):

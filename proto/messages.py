@@ -7,7 +7,7 @@ have defaults so that older payloads keep decoding.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -168,6 +168,26 @@ class Alert(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v
     starts_at: float
     ends_at: float | None = None
     fingerprint: str
+
+
+ResyncReason = Literal["start", "reconnect", "slow-consumer"]
+# The longest window an agent accepts for spreading its answer (docs/wire.md, "Resync").
+MAX_RESYNC_SPREAD_S = 300.0
+
+
+class ResyncRequest(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.ResyncRequest"
+):
+    """The aggregator may have missed messages: every agent re-publishes its state once.
+
+    Broadcast on `nicfleet.v1.control.resync`. `spread_s` widens the agents' random delay
+    for large fleets (the agent's own `resync_jitter_s` is the minimum).
+    """
+
+    version: int = MESSAGES_VERSION
+    reason: str = "reconnect"  # ResyncReason; a plain string so new reasons still decode
+    spread_s: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_RESYNC_SPREAD_S)] = 0.0
+    requested_at: float
 
 
 # The verdict of `nicfleet-agent verify` (docs/verify.md): rdma-path only when every piece

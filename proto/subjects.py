@@ -29,6 +29,8 @@ NODE_WILDCARD: Final = f"{PREFIX}.node.*.*"
 ALERT_WILDCARD: Final = f"{PREFIX}.alert.>"
 # Validation results: nicfleet.v1.validation.<validation id>
 VALIDATION_WILDCARD: Final = f"{PREFIX}.validation.*"
+# The aggregator asks every agent to re-publish its state (docs/wire.md, "Resync").
+CONTROL_RESYNC: Final = f"{PREFIX}.control.resync"
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")

@@ -12,6 +12,8 @@ CtlError (click.ClickException)
 
 from __future__ import annotations
 
+import difflib
+import os
 from types import TracebackType
 from typing import Any, Final
 
@@ -19,12 +21,15 @@ import click
 import httpx
 import msgspec
 
+from aggregator.ctl.config import DEFAULT_SERVER as DEFAULT_SERVER
+from aggregator.ctl.config import Settings
 from aggregator.fleet import NodeDetail, NodeSummary
 
-DEFAULT_SERVER: Final = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT: Final = 10.0
 # Where the `cli` group leaves the token (`--token-file`) for every command's client.
 TOKEN_META_KEY: Final = "nicfleet.token"
+# ... and the resolved Settings (server, token file and where each came from).
+SETTINGS_META_KEY: Final = "nicfleet.settings"
 
 
 class CtlError(click.ClickException):
@@ -47,15 +52,31 @@ class AuthRefused(CtlError):
     exit_code = 4
 
 
-def read_token_file(path: str) -> str:
-    """The bearer token in `path` (the whole file, surrounding whitespace stripped)."""
+class UnknownNode(ApiError):
+    """A node the aggregator does not know, with close matches from the node list."""
+
+    def __init__(self, node: str, suggestions: tuple[str, ...], known: int | None = None) -> None:
+        self.node, self.suggestions = node, suggestions
+        message = f"unknown node {node!r}"
+        if suggestions:
+            message += f"; did you mean: {', '.join(suggestions)}?"
+        elif known == 0:
+            message += "; the aggregator knows no node yet (see `nicfleetctl nodes`)"
+        elif known is not None:
+            message += f"; none of the {known} known nodes is close (see `nicfleetctl nodes`)"
+        super().__init__(message)
+
+
+def read_token_file(path: str, source: str = "--token-file") -> str:
+    """The bearer token in `path` (the whole file, surrounding whitespace stripped);
+    `source` (flag, env var or context) names where the path came from in errors."""
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(os.path.expanduser(path), encoding="utf-8") as file:
             token = file.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--token-file: cannot read {path}: {_reason(exc)}") from exc
+        raise BadInput(f"{source}: cannot read {path}: {_reason(exc)}") from exc
     if not token or any(c.isspace() for c in token):
-        raise BadInput(f"--token-file: {path} must hold exactly one token and nothing else")
+        raise BadInput(f"{source}: {path} must hold exactly one token and nothing else")
     return token
 
 
@@ -64,6 +85,43 @@ def current_token() -> str | None:
     ctx = click.get_current_context(silent=True)
     token = ctx.meta.get(TOKEN_META_KEY) if ctx is not None else None
     return token if isinstance(token, str) else None
+
+
+def current_settings() -> Settings | None:
+    """How the running `nicfleetctl` invocation chose its server and token file, if known."""
+    ctx = click.get_current_context(silent=True)
+    settings = ctx.meta.get(SETTINGS_META_KEY) if ctx is not None else None
+    return settings if isinstance(settings, Settings) else None
+
+
+def unreachable(server: str, exc: Exception) -> Unreachable:
+    """The error for a server that did not answer: the URL tried, where it came from and how
+    to choose another one."""
+    settings = current_settings()
+    source = settings.server_source if settings is not None else None
+    origin = f" (from {source})" if source else ""
+    return Unreachable(
+        f"cannot reach nicfleet aggregator at {server}{origin}: {_reason(exc)}.\n"
+        "Is the aggregator running there? Choose the server with --server URL, the "
+        "NICFLEET_SERVER environment variable, or a context "
+        "(`nicfleetctl config set-context NAME --server URL --use`)."
+    )
+
+
+def token_hint() -> str:
+    """Which token file this invocation sent, for an authentication error."""
+    settings = current_settings()
+    if settings is None or settings.token_file is None:
+        if current_token() is not None:
+            return "check --token-file (or NICFLEET_TOKEN_FILE)"
+        return (
+            "no token was sent: check --token-file (or NICFLEET_TOKEN_FILE, or the "
+            "token-file of a context: `nicfleetctl config get-contexts`)"
+        )
+    return (
+        f"check --token-file (or NICFLEET_TOKEN_FILE): sent the token in "
+        f"{settings.token_file} (from {settings.token_source})"
+    )
 
 
 def auth_headers(token: str | None = None) -> dict[str, str]:
@@ -116,10 +174,7 @@ class AggregatorClient:
         try:
             response = self._http.get(path, params=params)
         except (httpx.ConnectError, httpx.TimeoutException) as exc:
-            raise Unreachable(
-                f"cannot reach nicfleet aggregator at {self.server}: {_reason(exc)}. "
-                "Set --server or NICFLEET_SERVER."
-            ) from exc
+            raise unreachable(self.server, exc) from exc
         except httpx.HTTPError as exc:
             raise ApiError(
                 f"error talking to nicfleet aggregator at {self.server}: {_reason(exc)}"
@@ -127,7 +182,31 @@ class AggregatorClient:
         body = _json_object(response)
         if response.is_success and body is not None:
             return body
-        raise _api_error(self.server, response, body)
+        error = _api_error(self.server, response, body)
+        if isinstance(error, UnknownNode) and not error.suggestions:
+            error = self._with_close_matches(error)
+        raise error
+
+    def version(self) -> str:
+        """The aggregator's version, from its OpenAPI document."""
+        info = self._get("/api/v1/openapi.json", {}).get("info")
+        version = info.get("version") if isinstance(info, dict) else None
+        if not isinstance(version, str):
+            raise ApiError(f"{self.server} serves no version in its OpenAPI document")
+        return version
+
+    def node_names(self) -> list[str]:
+        return [
+            str(i.get("name")) for i in self.list_nodes().get("items") or () if isinstance(i, dict)
+        ]
+
+    def _with_close_matches(self, error: UnknownNode) -> UnknownNode:
+        try:
+            names = self.node_names()
+        except CtlError:
+            return error
+        close = tuple(difflib.get_close_matches(error.node, names, n=3, cutoff=0.5))
+        return UnknownNode(error.node, close, known=len(names))
 
 
 def parse_summaries(body: dict[str, Any]) -> tuple[NodeSummary, ...]:
@@ -165,7 +244,7 @@ def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | Non
         return AuthRefused(
             f"authentication refused by {server}: "
             f"{said if isinstance(said, str) else f'HTTP {response.status_code}'}; "
-            "check --token-file (or NICFLEET_TOKEN_FILE)"
+            f"{token_hint()}"
         )
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         kind = response.headers.get("content-type", "no content type")
@@ -178,11 +257,8 @@ def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | Non
         # /nodes/{node} names it in the path, /trace?node= in the query.
         url = response.request.url
         name = url.params.get("node") or url.path.rsplit("/", 1)[-1]
-        message = f"unknown node {name!r}"
-        suggestions = [s for s in error.get("suggestions") or () if isinstance(s, str)]
-        if suggestions:
-            message += f"; did you mean: {', '.join(suggestions)}?"
-        return ApiError(message)
+        suggestions = tuple(s for s in error.get("suggestions") or () if isinstance(s, str))
+        return UnknownNode(name, suggestions)
     if response.status_code == 400:
         return BadInput(message)
     return ApiError(f"aggregator answered HTTP {response.status_code}: {message}")

@@ -148,7 +148,11 @@ def _mapping(
 
 
 def _string(node: yaml.Node, path: Path, where: str) -> str:
-    if not isinstance(node, yaml.ScalarNode) or node.tag != "tag:yaml.org,2002:str" or not node.value:
+    if (
+        not isinstance(node, yaml.ScalarNode)
+        or node.tag != "tag:yaml.org,2002:str"
+        or not node.value
+    ):
         raise _error(path, node, where, "must be a non-empty string")
     return str(node.value)
 
@@ -199,6 +203,27 @@ def resolve(
     elif chosen is not None and chosen.token_file is not None:
         token, token_source = chosen.token_file, where
     return Settings(server, server_source, token, token_source, chosen.name if chosen else None)
+
+
+def settings_from(
+    *,
+    server_flag: str | None,
+    token_flag: str | None,
+    context: str | None,
+    environ: Mapping[str, str],
+) -> Settings:
+    """Read the context file (if any) and resolve; env values are validated like flags."""
+    settings = resolve(
+        server_flag=server_flag,
+        server_env=environ.get(SERVER_ENV),
+        token_flag=token_flag,
+        token_env=environ.get(TOKEN_ENV),
+        config=load_config(config_path(environ)),
+        context=context,
+    )
+    if not is_server_url(settings.server):
+        raise ConfigError(f"{settings.server_source}: {settings.server!r} is not an http(s) URL")
+    return settings
 
 
 def load_config(path: Path) -> Config | None:
@@ -289,7 +314,9 @@ def set_context(name: str, server: str | None, token_file: str | None, use: bool
     if server is None and old is None:
         raise click.BadParameter("a new context needs --server", param_hint="'--server'")
     if server is not None and not is_server_url(server):
-        raise click.BadParameter(f"{server!r} is not an http:// or https:// URL", param_hint="'--server'")
+        raise click.BadParameter(
+            f"{server!r} is not an http:// or https:// URL", param_hint="'--server'"
+        )
     ctx = Context(
         name=name,
         server=server or (old.server if old else DEFAULT_SERVER),

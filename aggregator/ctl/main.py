@@ -1,11 +1,13 @@
 """`nicfleetctl`: the operator CLI; it talks only to the aggregator's HTTP API.
 
-Owns argument parsing, output selection (table / wide / json) and exit codes; HTTP lives
-in `client`, drawing in `render`. Never reads NATS or KV directly.
+Owns the command tree, where the server and token come from (flag > env > context file >
+default, see `config`), output selection and exit codes; HTTP lives in `client`, drawing
+in `render`/`topology`. Never reads NATS or KV directly.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -16,14 +18,21 @@ from rich.console import Console
 
 from aggregator.ctl.client import (
     DEFAULT_SERVER,
+    SETTINGS_META_KEY,
     TOKEN_META_KEY,
     AggregatorClient,
     BadInput,
+    CtlError,
+    current_settings,
     parse_detail,
     parse_summaries,
     read_token_file,
 )
+from aggregator.ctl.completion import attach_node_completion, complete_node_names, completion
+from aggregator.ctl.config import config_group, is_server_url, settings_from
 from aggregator.ctl.render import console_for, render_node, render_nodes
+from aggregator.ctl.topology import build_matrix, render_matrix, snapshot_of
+from aggregator.ctl.watch import add_watch, add_yaml
 from aggregator.fleet import NODE_STATES
 from proto.subjects import InvalidNodeName, validate_node_name
 
@@ -32,9 +41,11 @@ EPILOG: Final = """\b
 Exit codes:
   0  success
   1  the aggregator answered with an error (unknown node, server failure)
-  2  usage error or bad input (invalid option, node name or server URL)
-  3  the aggregator could not be reached (check --server / NICFLEET_SERVER)
+  2  usage error or bad input (invalid option, node name, server URL or context file)
+  3  the aggregator could not be reached (check --server / NICFLEET_SERVER / context)
   4  authentication refused: no, unknown or read-only token (check --token-file)"""
+# Commands that never talk to the aggregator: a broken context file must not stop them.
+OFFLINE: Final = frozenset({"check", "demo", "completion", "config"})
 
 output_option = click.option(
     "-o",
@@ -46,8 +57,8 @@ output_option = click.option(
 )
 
 
-def _check_server(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+def _check_server(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not is_server_url(value):
         raise click.BadParameter(f"{value!r} is not an http:// or https:// URL", ctx, param)
     return value
 
@@ -55,27 +66,40 @@ def _check_server(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--server",
-    envvar="NICFLEET_SERVER",
-    default=DEFAULT_SERVER,
-    show_default=True,
-    show_envvar=True,
     callback=_check_server,
-    help="Base URL of the nicfleet aggregator API.",
+    help="Base URL of the nicfleet aggregator API. Else env NICFLEET_SERVER, else the "
+    f"current context's server, else {DEFAULT_SERVER}.",
 )
 @click.option(
     "--token-file",
-    envvar="NICFLEET_TOKEN_FILE",
-    show_envvar=True,
     type=click.Path(dir_okay=False),
-    help="File holding the API bearer token (aggregator --api-token-file). Default: none.",
+    help="File holding the API bearer token (aggregator --api-token-file). Else env "
+    "NICFLEET_TOKEN_FILE, else the current context's token-file, else none.",
+)
+@click.option(
+    "--context",
+    "context_name",
+    metavar="NAME",
+    help="Use this context of the context file instead of its current-context "
+    "(file: $NICFLEET_CONFIG or ~/.config/nicfleet/config.yaml).",
 )
 @click.version_option(package_name="nicfleet", prog_name="nicfleetctl")
 @click.pass_context
-def cli(ctx: click.Context, server: str, token_file: str | None) -> None:
+def cli(
+    ctx: click.Context, server: str | None, token_file: str | None, context_name: str | None
+) -> None:
     """Inspect the RDMA network path of a GPU fleet through the nicfleet aggregator."""
-    ctx.obj = server
-    if token_file is not None:
-        ctx.meta[TOKEN_META_KEY] = read_token_file(token_file)
+    if ctx.invoked_subcommand in OFFLINE:
+        ctx.obj = server or DEFAULT_SERVER
+        return
+    settings = settings_from(
+        server_flag=server, token_flag=token_file, context=context_name, environ=os.environ
+    )
+    ctx.obj = settings.server
+    ctx.meta[SETTINGS_META_KEY] = settings
+    if settings.token_file is not None:
+        source = settings.token_source or "--token-file"
+        ctx.meta[TOKEN_META_KEY] = read_token_file(settings.token_file, source)
 
 
 @cli.command(epilog=EPILOG)
@@ -91,27 +115,94 @@ def nodes(server: str, state: str | None, output: Output) -> None:
         return
     summaries = parse_summaries(body)
     if not summaries:
-        click.echo("No nodes found.", err=True)
+        click.echo(_empty_fleet(server, state), err=True)
         return
     render_nodes(_console(), summaries, wide=output == "wide")
 
 
+def _empty_fleet(server: str, state: str | None) -> str:
+    if state is not None:
+        return f"No nodes found. None is in state {state} (`nicfleetctl nodes` lists every state)."
+    return (
+        f"No nodes found. The aggregator at {server} has heard from no agent yet. Check:\n"
+        "  - are the agents running? (kubectl -n nicfleet get pods -l "
+        "app.kubernetes.io/name=nicfleet-agent; logs: kubectl -n nicfleet logs ds/nicfleet-agent)\n"
+        "  - do they use this aggregator's NATS URL (nicfleet-agent run --nats-url) and "
+        "credentials (--nats-nkey-seed-file)? A refused agent logs it.\n"
+        "  - is this the right aggregator? (--server, NICFLEET_SERVER, "
+        "`nicfleetctl config get-contexts`)\n"
+        "  - vet a node without any server: nicfleet-agent snapshot > node.json; "
+        "nicfleetctl check --snapshot node.json"
+    )
+
+
 @cli.command(epilog=EPILOG)
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node_names)
 @output_option
 @click.pass_obj
 def node(server: str, name: str, output: Output) -> None:
     """Show one node: its RDMA devices and ports, live port states and recent link events."""
+    body = _get_node(server, name)
+    if output == "json":
+        _print_json(body)
+        return
+    render_node(_console(), parse_detail(body), wide=output == "wide")
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("name", shell_complete=complete_node_names)
+@output_option
+@click.pass_obj
+def topology(server: str, name: str, output: Output) -> None:
+    """The GPU × NIC PCIe matrix of node NAME, as `nvidia-smi topo -m` shows it: PIX/PXB
+    (green) allow GPUDirect RDMA, PHB/NODE (yellow) and SYS (red) do not by default; `*`
+    marks each GPU's best NIC. wide: NIC PCI addresses, NUMA nodes and link layers."""
+    matrix = build_matrix(snapshot_of(_get_node(server, name), name))
+    if output == "json":
+        _print_json(matrix.to_builtins())
+        return
+    render_matrix(_console(), matrix, wide=output == "wide")
+
+
+@cli.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="Lines, or JSON {client, server, server_url, server_error}.",
+)
+@click.pass_obj
+def version(server: str, output: str) -> None:
+    """Print nicfleetctl's version and, if it answers, the aggregator's."""
+    mine = importlib.metadata.version("nicfleet")
+    theirs: str | None = None
+    error: str | None = None
+    try:
+        with AggregatorClient(server, timeout=3.0) as client:
+            theirs = client.version()
+    except CtlError as exc:
+        error = exc.format_message()
+    if output == "json":
+        doc = {"client": mine, "server": theirs, "server_url": server, "server_error": error}
+        _print_json(doc)
+        return
+    settings = current_settings()
+    origin = f", from {settings.server_source}" if settings else ""
+    click.echo(f"Client: nicfleetctl {mine}")
+    click.echo(f"Server: {theirs or 'unknown'} ({server}{origin})")
+    if error is not None:
+        click.echo(f"        {error}", err=True)
+
+
+def _get_node(server: str, name: str) -> dict[str, Any]:
     try:
         validate_node_name(name)
     except InvalidNodeName as exc:
         raise BadInput(str(exc)) from exc
     with AggregatorClient(server) as client:
-        body = client.get_node(name)
-    if output == "json":
-        _print_json(body)
-        return
-    render_node(_console(), parse_detail(body), wide=output == "wide")
+        return client.get_node(name)
 
 
 def _print_json(body: dict[str, Any]) -> None:
@@ -147,3 +238,14 @@ cli.add_command(findings)
 from aggregator.ctl.validate import validate  # noqa: E402
 
 cli.add_command(validate)
+
+cli.add_command(config_group)
+cli.add_command(completion)
+# Every list/get command prints YAML too; list commands can --watch; node arguments and
+# --node options complete from the aggregator's node list.
+for _command in (nodes, node, topology, version, resources, findings, alerts, trace, validate):
+    add_yaml(_command)
+for _command in (nodes, resources, findings, alerts):
+    add_watch(_command)
+for _command in (trace, resources, findings, alerts, validate):
+    attach_node_completion(_command, "node", "nodes")

@@ -6,6 +6,7 @@ typed views or the API's JSON dicts. Data cells are `Text`, never parsed as mark
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -27,6 +28,17 @@ _STATE_STYLE: Final = {"ready": "green", "stale": "yellow", "no-snapshot": "red"
 _PIPE_WIDTH: Final = 4096
 
 
+class TerminalBuffer(io.StringIO):
+    """Captures what would go to a terminal of `width` columns (`--watch` redraws it)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.terminal_width = width
+
+    def isatty(self) -> bool:
+        return True
+
+
 def console_for(stream: IO[str], environ: Mapping[str, str] | None = None) -> Console:
     """Colour only on a terminal and only when NO_COLOR is unset; plain text otherwise."""
     env = os.environ if environ is None else environ
@@ -35,7 +47,7 @@ def console_for(stream: IO[str], environ: Mapping[str, str] | None = None) -> Co
         file=stream,
         force_terminal=tty,  # explicit, so FORCE_COLOR cannot put escapes into a pipe
         no_color=not tty or bool(env.get("NO_COLOR")),
-        width=None if tty else _PIPE_WIDTH,
+        width=getattr(stream, "terminal_width", None) if tty else _PIPE_WIDTH,
         highlight=False,
         emoji=False,
     )

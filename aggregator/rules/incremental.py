@@ -1,6 +1,7 @@
 """Incremental rule evaluation: exactly `registry.evaluate`'s findings, recomputed only for
-nodes whose record changed (records are immutable: changed = another object), for peers
-whose group facts moved (aggregator.rules.peers), and for time rules' due nodes.
+nodes whose record changed (records are immutable: changed = another object) and by the
+rules reading a changed field (`READS`), for peers whose group facts moved
+(aggregator.rules.peers), and for time rules' due nodes.
 
 Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
 """
@@ -8,7 +9,7 @@ Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from typing import cast
+from typing import Final, cast
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
@@ -21,6 +22,7 @@ from aggregator.rules.registry import (
     CHECKS,
     NODE_RULES,
     PEER_RULES,
+    READS,
     TIME_RULES,
     run_rule,
 )
@@ -28,6 +30,7 @@ from aggregator.rules.sortedfindings import SortedFindings
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.policy import Policy
 
+_ALL_FIELDS: Final = frozenset(NodeRecord.__struct_fields__)  # this object: came or went
 UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
 
 
@@ -94,25 +97,30 @@ class IncrementalRules:
         enabled = {rule for rule, _ in ALL_RULES if thresholds.enabled(rule)}
         if not self._same_context(policies, cluster, thresholds):
             self._start_over()
-            changed = set(fleet)
+            fields = dict.fromkeys(fleet, _ALL_FIELDS)
         else:
-            changed = self._changed_nodes(fleet)
-        for name in changed:
+            fields = self._changed_fields(fleet)
+        for name in fields:
             record = fleet.get(name)
             if record is None:
                 self._records.pop(name, None)
                 self._selecting.pop(name, None)
             else:
                 self._records[name] = record
+
+        def touching(rule: str) -> set[str]:  # the changed nodes whose input to `rule` moved
+            reads = READS[rule]
+            return {n for n, moved in fields.items() if moved is _ALL_FIELDS or moved & reads}
+
         for rule in NODE_RULES:
             if rule in enabled and rule not in TIME_RULES:
-                self._run_local(rule, changed)
+                self._run_local(rule, touching(rule))
         for rule in TIME_RULES:
             if rule in enabled:
-                self._run_timed(rule, changed)
+                self._run_timed(rule, touching(rule))
         for rule, peer_rule in PEER_RULES.items():
             if rule in enabled:
-                self._run_peer(peer_rule, changed)
+                self._run_peer(peer_rule, touching(rule))
         self._publish(enabled)
         return self._out.items()
 
@@ -142,12 +150,22 @@ class IncrementalRules:
         self._peers = {name: PeerTally(rule) for name, rule in PEER_RULES.items()}
         self._due = {rule: DueNodes() for rule in TIME_RULES}
 
-    def _changed_nodes(self, fleet: Mapping[str, NodeRecord]) -> set[str]:
+    def _changed_fields(self, fleet: Mapping[str, NodeRecord]) -> dict[str, frozenset[str]]:
+        """Changed node -> the record fields that changed (all: added or removed)."""
         records = self._records
         changed = {name for name, record in fleet.items() if records.get(name) is not record}
         if len(records) + sum(1 for name in changed if name not in records) != len(fleet):
             changed |= records.keys() - fleet.keys()  # removed nodes
-        return changed
+        fields: dict[str, frozenset[str]] = {}
+        for name in changed:
+            old, new = records.get(name), fleet.get(name)
+            if old is None or new is None:
+                fields[name] = _ALL_FIELDS
+            else:
+                fields[name] = frozenset(
+                    f for f in _ALL_FIELDS if getattr(old, f) is not getattr(new, f)
+                )
+        return fields
 
     def _sub(self, names: Iterable[str]) -> tuple[dict[str, NodeRecord], ClusterView]:
         """The records of `names` and a cluster view holding only their labels, so that

@@ -73,7 +73,27 @@ FLEET_RULES: Final[tuple[str, ...]] = tuple(PEER_RULES)
 TIME_RULES: Final[Mapping[str, Callable[[NodeRecord, Thresholds], float]]] = MappingProxyType(
     {"agent-stale": fleetpolicy.agent_stale_from}
 )
+_SNAPSHOT: Final = frozenset({"snapshot"})
+_COUNTERS: Final = frozenset({"counters"})
+# The NodeRecord fields each rule reads of a node: a node's findings of a rule are
+# recomputed only when one of them changed (or the node came or went).
+READS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {
+        **dict.fromkeys(("gpu-nic-affinity", "pcie-degraded", "acs-enabled", "peermem-missing",
+                         "iommu-translated", "numa-unknown", "port-down", "fw-below-minimum",
+                         *FLEET_RULES), _SNAPSHOT),
+        **dict.fromkeys(("link-flap", "counter-errors", "retries-exceeded",
+                         "cc-misconfigured"), _COUNTERS),
+        "data-quality": _SNAPSHOT | _COUNTERS,
+        "resource-zero": frozenset({"device_plugin"}),
+        "selector-matches-nothing": frozenset({"snapshot", "device_plugin"}),
+        "policy-conflict": frozenset(),  # only whether the node is in the fleet
+        "agent-stale": frozenset({"last_seen"}),
+    }
+)  # fmt: skip
 assert sorted((*NODE_RULES, *FLEET_RULES)) == sorted(RULE_IDS), "unclassified rule"
+assert READS.keys() == set(RULE_IDS), "a rule without READS"
+assert all(READS[r] <= set(NodeRecord.__struct_fields__) for r in RULE_IDS), "unknown field"
 assert set(TIME_RULES) <= set(NODE_RULES), "a time rule must be node-local"
 CHECKS: Final[Mapping[str, Check]] = MappingProxyType(dict(ALL_RULES))
 

@@ -95,7 +95,7 @@ export async function loadFleet() {
     h("h2", {}, "Resources"),
     resources.items.length === 0
       ? h("p", { class: "muted" }, "No RDMA resource is configured or advertised.")
-      : table(["resource", "nodes advertising", "capacity", "healthy", "allocatable", "trace on"], resourceRows, { id: "resources" }),
+      : table(["resource", "advertising / selected", "capacity", "healthy", "allocatable", "trace on"], resourceRows, { id: "resources" }),
   );
 }
 

@@ -87,11 +87,18 @@ class Page:
         await self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         await self.send("Input.insertText", text=text)
 
-    async def screenshot(self, path: Path) -> Path:
-        """The whole page (not only the viewport) as a PNG at `path`."""
-        metrics = await self.send("Page.getLayoutMetrics")
-        size = metrics["cssContentSize"]
-        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+    async def screenshot(self, path: Path, selector: str | None = None) -> Path:
+        """The whole page (not only the viewport), or the element `selector`, as a PNG."""
+        if selector is None:
+            size = (await self.send("Page.getLayoutMetrics"))["cssContentSize"]
+            box = {"x": 0, "y": 0, "width": size["width"], "height": size["height"]}
+        else:
+            box = await self.evaluate(
+                f"(r => ({{x: r.left + scrollX, y: r.top + scrollY, width: r.width, "
+                f"height: r.height}}))(document.querySelector({json.dumps(selector)})"
+                ".getBoundingClientRect())"
+            )
+        clip = {**box, "scale": 1}
         shot = await self.send(
             "Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True
         )
@@ -113,7 +120,9 @@ class Browser:
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.pages: dict[str, Page] = {}
 
-    async def send(self, method: str, *, session_id: str | None = None, **params: Any) -> Any:
+    async def send(
+        self, method: str, *, session_id: str | None = None, **params: Any
+    ) -> dict[str, Any]:
         message_id = next(self.ids)
         message: dict[str, Any] = {"id": message_id, "method": method, "params": params}
         if session_id is not None:
@@ -127,7 +136,8 @@ class Browser:
             self.pending.pop(message_id, None)
         if "error" in answer:
             raise CdpError(f"{method}: {answer['error'].get('message')}")
-        return answer.get("result", {})
+        result: dict[str, Any] = answer.get("result", {})
+        return result
 
     async def read(self) -> None:
         async for message in self.ws:

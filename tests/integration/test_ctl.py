@@ -149,7 +149,7 @@ def test_non_nicfleet_server_exits_1() -> None:
     ("args", "code"),
     [
         pytest.param(["--server", "localhost:8080", "nodes"], 2, id="url-without-scheme"),
-        pytest.param(["nodes", "-o", "yaml"], 2, id="bad-output"),
+        pytest.param(["nodes", "-o", "xml"], 2, id="bad-output"),
         pytest.param(["nodes", "--state", "sleepy"], 2, id="bad-state"),
         pytest.param(["node"], 2, id="missing-name"),
     ],

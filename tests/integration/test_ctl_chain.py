@@ -84,7 +84,7 @@ def test_trace_unknown_node_and_resource_exit_1(server: str) -> None:
         pytest.param(["trace", "GPU_1", RES], id="invalid-node"),
         pytest.param(["trace", "gpu-001", "ib"], id="bare-resource"),
         pytest.param(["trace", "gpu-001"], id="missing-resource"),
-        pytest.param(["trace", "gpu-001", RES, "-o", "yaml"], id="bad-output"),
+        pytest.param(["trace", "gpu-001", RES, "-o", "xml"], id="bad-output"),
         pytest.param(["resources", "--node", "Bad_Node"], id="resources-invalid-node"),
         pytest.param(["resources", "--name", "nope"], id="resources-bad-name-from-server"),
     ],

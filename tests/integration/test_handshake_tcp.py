@@ -297,3 +297,13 @@ async def test_server_qp_failure_reaches_the_client() -> None:
         )
     assert served.result().error == "connect failed on mlx5_0"
     assert client.error is not None and client.error.endswith("aborted: connect failed on mlx5_0")
+
+
+async def test_a_port_in_use_is_a_clear_error() -> None:
+    server, _, port = await start_server(SHORT)
+    try:
+        with pytest.raises(HandshakeError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await pairtest.listen("127.0.0.1", port, SHORT.timeout)
+    finally:
+        server.close()
+        await server.wait_closed()

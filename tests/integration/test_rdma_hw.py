@@ -14,6 +14,7 @@ import pytest
 from agent import pairtest
 from agent.rdmatest import PyverbsQueuePair
 from agent.verbs import load_pyverbs
+from proto.messages import PairTestResult
 
 pytestmark = [
     pytest.mark.rdma_hw,
@@ -41,7 +42,7 @@ async def test_loopback_pair_test_measures_bandwidth_and_latency() -> None:
     server, queue = await pairtest.listen("127.0.0.1", 0, settings.timeout)
     port = server.sockets[0].getsockname()[1]
 
-    async def serve() -> pairtest.PairTestResult:
+    async def serve() -> PairTestResult:
         channel = await pairtest.accept_one(server, queue, settings.timeout)
         return await pairtest.serve_pyverbs(channel, open_qp, settings)
 

@@ -36,8 +36,9 @@ from tests.integration.cdp import CHROMIUM, Page, open_page
 from tests.integration.test_pipeline import agent, lab_node
 
 pytestmark = pytest.mark.integration
+# In CI (`CI` set) a missing chromium fails the browser tests instead of skipping them.
 needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None,
+    CHROMIUM is None and not os.environ.get("CI"),
     reason="Debian chromium is not installed (`apt-get install chromium`, or `make test` as root)",
 )
 
@@ -208,12 +209,16 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
             f"!!document.querySelector({json.dumps(alert_row)})", what="port-down alert via SSE"
         )
         assert await page.evaluate("window.__noReload") == "still here"
+        # GPU1's own NIC is down: its best is now the closest NIC still up.
+        gpu1_best = "document.querySelector('#topology td[data-gpu=GPU1][data-best]')?.dataset.nic"
+        assert await page.wait_for(f"{gpu1_best} !== 'mlx5_3' && {gpu1_best}") == "mlx5_0"
         await page.wait_for(
             "document.querySelector('#ports tr[data-port=\"mlx5_3/1\"]').dataset.state === 'DOWN'",
             what="mlx5_3/1 DOWN in the ports table",
         )
         assert await page.evaluate("document.querySelector('#alerts-count').textContent") != "0"
         await page.screenshot(artifact("ui-alert.png"))
+        await page.screenshot(artifact("ui-topology.png"), "#topology")
 
         # The trace: the API's links in its order and statuses, green and red.
         await page.evaluate(f"window.location.hash = '#/trace/{IB_NODE}/rdma%2Fib'")
@@ -295,6 +300,14 @@ async def test_strings_from_the_api_are_text_never_markup(
         assert await rows(page, "#ports tbody tr", "data-port") == [f"{evil}/1"]
         assert await page.evaluate("document.querySelectorAll('#view img, #view b').length") == 0
         assert await page.evaluate("window.__xss") is None
+        # An unknown node: the API's message and its close names as links.
+        await page.evaluate("window.location.hash = '#/node/odd-1'")
+        suggested = await page.wait_for(
+            "[...document.querySelectorAll('#problem a')].map(a => a.getAttribute('href'))"
+            ".join() || ''"
+        )
+        assert suggested == f"#/node/{node}"
+        assert "not found" in await page.evaluate("document.querySelector('#problem').textContent")
         await no_page_errors(page)
 
 

@@ -27,7 +27,7 @@ from tests.integration._validation_fixtures import (
     stack_in_thread,
     validation_stack,
 )
-from tests.integration.test_api_schema import generate, load, operations
+from tests.integration.test_api_schema import CHECKS, generate, load, operations
 
 pytestmark = pytest.mark.integration
 
@@ -307,6 +307,18 @@ def test_schemathesis_on_the_validation_routes(own_nats: NatsServer) -> None:
                     continue
                 for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                     generate(operation, mode, 15, stack.url, session, {}, seen)
-        print("STATUSES", dict(seen))
+            post_op = schema["/api/v1/validations"]["POST"]
+            for body, status in ((pair(), 202), (pair("gpu-001", "gpu-009"), 409)):
+                response = post_op.Case(body=body).call_and_validate(
+                    base_url=stack.url, session=session, checks=CHECKS
+                )
+                assert response.status_code == status, response.text
+                seen[status] += 1
+            vid = stack.store.recent(1)[0].id
+            get_op = schema["/api/v1/validations/{id}"]["GET"]
+            response = get_op.Case(path_parameters={"id": vid}).call_and_validate(
+                base_url=stack.url, session=session, checks=CHECKS
+            )
+            assert response.status_code == 200
         assert seen[500] == 0
         assert seen[400] > 0 and seen[200] > 0

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import textwrap
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import nats
@@ -244,3 +246,57 @@ def test_real_pyverbs_queue_pair_without_a_device_fails_cleanly() -> None:
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("error: cannot set up an RC queue pair on mlx5_0/1: ")
+
+
+def _netns_unusable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"`ip netns` does not work: {probe.stderr.strip()}"
+
+
+_NETNS = _netns_unusable()
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[str]:
+    """A namespace standing in for a pod with a secondary interface net1 = 10.10.0.11/24
+    (a veth; its peer stays in the namespace),
+    the address the roce-cx6dx lab node's mlx5_0 port carries as a RoCE GID."""
+    name = f"nfverify-{uuid.uuid4().hex[:10]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
+    try:
+        for args in (
+            ["link", "add", "net1", "type", "veth", "peer", "name", "nfpeer1"],
+            ["addr", "add", "10.10.0.11/24", "dev", "net1"],
+            ["link", "set", "nfpeer1", "up"],
+            ["link", "set", "net1", "up"],
+        ):
+            subprocess.run(["ip", "-n", name, *args], check=True, capture_output=True, timeout=10)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=10)
+
+
+@pytest.mark.skipif(_NETNS is not None, reason=_NETNS or "")
+def test_roce_pod_interface_carrying_the_gid_address_is_an_rdma_path(
+    tmp_path: Path, dev: Path, pod_netns: str
+) -> None:
+    tree = tmp_path / "roce"
+    render(load_builtin("roce-cx6dx"), tree)
+    env = base_env(NICFLEET_RDMA_DEVICES="mlx5_0", NICFLEET_NETDEVS="net1")
+    done = run("--sysfs-root", tree, "--dev-root", dev, "--netns", pod_netns, "-o", "json",
+               env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = from_json(done.stdout, ValidationResult)
+    assert sorted(i.name for i in result.evidence.interfaces) == ["net1", "nfpeer1"]
+    matched = {(m.ip, m.interface, m.type) for m in result.evidence.gid_matches if m.interface}
+    assert matched == {("10.10.0.11", "net1", "IB/RoCE v1"), ("10.10.0.11", "net1", "RoCE v2")}
+    # the same pod without the address: the GID proves nothing any more
+    subprocess.run(["ip", "-n", pod_netns, "addr", "flush", "dev", "net1"], check=True,
+                   capture_output=True, timeout=10)  # fmt: skip
+    done = run("--sysfs-root", tree, "--dev-root", dev, "--netns", pod_netns, env=env)
+    assert done.returncode == 1
+    assert "gid-not-on-pod-interface" in done.stdout

@@ -50,7 +50,7 @@ KEY = public_key(new_user_seed())
                     "$JS.API.STREAM.INFO.KV_nicfleet-config",
                     "$JS.API.CONSUMER.CREATE.KV_nicfleet-config.*.$KV.nicfleet-config.gpu-01",
                 ),
-                subscribe_allow=("_INBOX.gpu-01.>",),
+                subscribe_allow=("_INBOX.gpu-01.>", "nicfleet.v1.control.resync"),
             ),
             id="agent",
         ),
@@ -62,7 +62,7 @@ KEY = public_key(new_user_seed())
                     "$JS.API.STREAM.INFO.KV_nicfleet-config",
                     "$JS.API.CONSUMER.CREATE.KV_nicfleet-config.*.$KV.nicfleet-config.rack1_gpu-01",
                 ),
-                subscribe_allow=("_INBOX.rack1_gpu-01.>",),
+                subscribe_allow=("_INBOX.rack1_gpu-01.>", "nicfleet.v1.control.resync"),
             ),
             id="agent-dotted-node-is-one-token",
         ),
@@ -75,6 +75,7 @@ KEY = public_key(new_user_seed())
                     "$JS.ACK.>",
                     "$JS.FC.>",
                     "nicfleet.v1.alert.>",
+                    "nicfleet.v1.control.resync",
                 ),
                 publish_deny=("nicfleet.v1.node.>",),
                 subscribe_allow=("nicfleet.v1.node.>", "_INBOX.>"),
@@ -93,8 +94,17 @@ def test_permissions_per_role(identity: Identity, expected: Permissions) -> None
 
 
 def test_agent_inbox_matches_its_subscribe_permission() -> None:
-    assert agent_permissions("a.b").subscribe_allow == (f"{agent_inbox_prefix('a.b')}.>",)
+    assert agent_permissions("a.b").subscribe_allow[0] == f"{agent_inbox_prefix('a.b')}.>"
     assert not any(s.startswith("nicfleet.v1.node") for s in aggregator_permissions().publish_allow)
+
+
+def test_resync_requests_flow_from_the_aggregator_to_agents_only() -> None:
+    agent = agent_permissions("gpu-01")
+    assert "nicfleet.v1.control.resync" in agent.subscribe_allow
+    assert not any(s.startswith("nicfleet.v1.control") for s in agent.publish_allow)
+    assert not any(s.endswith(">") and s.startswith("nicfleet") for s in agent.subscribe_allow)
+    assert "nicfleet.v1.control.resync" in aggregator_permissions().publish_allow
+    assert permissions_for(Identity(Role.OBSERVER, KEY)).publish_deny == (">",)
 
 
 @pytest.mark.parametrize("node", ["", "UPPER", "a*", "a>b", "-x", "a b", "x" * 254])

@@ -15,21 +15,23 @@ from aggregator.fleet import NodeRecord
 from aggregator.validation import (
     RECENT_S,
     Decision,
-    InvalidRequest,
     PodView,
     RejectedResult,
-    ResourceNotAdvertised,
-    UnknownValidationNode,
     ValidationRecord,
-    ValidationRequest,
     ValidationSettings,
     accept_result,
     advance,
     build_pod,
-    check_request,
     data_path_link,
     decide,
     new_record,
+)
+from aggregator.validation_request import (
+    InvalidRequest,
+    ResourceNotAdvertised,
+    UnknownValidationNode,
+    ValidationRequest,
+    check_request,
     parse_request,
 )
 from aggregator.validations import TEMPLATE

@@ -1,0 +1,96 @@
+"""Ask every agent to re-publish its state when the aggregator may have missed messages.
+
+After start (fleet loaded from KV, node subscription in place), after each reconnect
+(nats-server may have cut us as a slow consumer) and when nats-py dropped node messages
+itself, one `ResyncRequest` goes out on `nicfleet.v1.control.resync` — coalesced, and at
+most one per `min_gap_s`. The agents' answers are spread over `spread_s` (fleet size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+
+from proto import subjects
+from proto.codec import encode
+from proto.messages import MAX_RESYNC_SPREAD_S, ResyncReason, ResyncRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResyncSettings:
+    # Nodes per second the aggregator asks to hear from during a resync (each answers
+    # with a snapshot, a full counter batch and its status): the fleet's answers are
+    # spread over nodes / rate seconds (agents add at least their own jitter).
+    rate_nodes_per_s: float = 200.0
+    min_gap_s: float = 5.0  # between two requests; requests in between are merged
+
+
+def resync_spread(nodes: int, rate_nodes_per_s: float) -> float:
+    """Pure: the window over which `nodes` agents should answer, capped for the wire."""
+    if rate_nodes_per_s <= 0:
+        return MAX_RESYNC_SPREAD_S
+    return min(MAX_RESYNC_SPREAD_S, nodes / rate_nodes_per_s)
+
+
+class ResyncRequester:
+    def __init__(
+        self,
+        nc: NatsClient,
+        settings: ResyncSettings,
+        *,
+        nodes: Callable[[], int],
+        clock: Callable[[], float],
+    ) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._nodes = nodes
+        self._clock = clock
+        self._wanted = asyncio.Event()
+        self._reason: ResyncReason = "start"
+        self.sent: dict[str, int] = {}  # requests published, by reason
+
+    def request(self, reason: ResyncReason) -> None:
+        """Ask for a resync soon; safe to call from NATS callbacks, never blocks."""
+        if not self._wanted.is_set():
+            self._reason = reason
+            self._wanted.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await _wait_either(stop, self._wanted)
+            if stop.is_set():
+                return
+            self._wanted.clear()
+            await self._publish(self._reason)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._settings.min_gap_s)
+
+    async def _publish(self, reason: ResyncReason) -> None:
+        spread = resync_spread(self._nodes(), self._settings.rate_nodes_per_s)
+        message = ResyncRequest(reason=reason, spread_s=spread, requested_at=self._clock())
+        try:
+            await self._nc.publish(subjects.CONTROL_RESYNC, encode(message))
+            await self._nc.flush(timeout=2)
+        except (TimeoutError, NatsError, OSError) as exc:
+            # The next reconnect asks again; nats-py also re-sends a buffered publish.
+            log.warning("resync request (%s) not confirmed: %s", reason, exc)
+        self.sent[reason] = self.sent.get(reason, 0) + 1
+        log.info("asked agents to resync (%s), answers spread over %.1f s", reason, spread)
+
+
+async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
+    waiters = [asyncio.create_task(first.wait()), asyncio.create_task(second.wait())]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

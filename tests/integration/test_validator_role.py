@@ -1,0 +1,67 @@
+"""The `validator` NATS role on a real nats-server: a validation pod may publish its
+result on nicfleet.v1.validation.<id> and nothing else, and may subscribe to nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from aggregator.natsauth import Identity, Role, render_server_config
+from aggregator.natskeys import new_user_seed, public_key
+from aggregator.natsserver import NatsServer, NatsServerSettings
+from proto import subjects
+from proto.natsconnect import NatsClientSecurity, connect_options
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def validator_server(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
+    seed = new_user_seed()
+    seed_file = tmp_path / "validator.nk"
+    seed_file.write_bytes(seed)
+    aggregator = new_user_seed()
+    config = tmp_path / "auth.conf"
+    config.write_text(
+        render_server_config(
+            (
+                Identity(Role.VALIDATOR, public_key(seed)),
+                Identity(Role.AGGREGATOR, public_key(aggregator)),
+            )
+        )
+    )
+    with NatsServer(NatsServerSettings(store_dir=tmp_path / "js", config_file=config)) as server:
+        yield server, seed_file
+
+
+async def test_validator_publishes_results_only(validator_server: tuple[NatsServer, Path]) -> None:
+    server, seed_file = validator_server
+    violations: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(exc: Exception) -> None:
+        await violations.put(str(exc))
+
+    options = connect_options(NatsClientSecurity(nkey_seed_file=seed_file))
+    nc = await nats.connect(server.url, error_cb=on_error, allow_reconnect=False, **options)
+    try:
+        await nc.publish(subjects.validation_subject("v-1"), b"result")
+        await nc.flush(timeout=5)
+        assert violations.empty()  # allowed: nothing reported
+        await nc.publish(subjects.node_subject("gpu-01", subjects.SNAPSHOT), b"forged")
+        await nc.flush(timeout=5)
+        assert (
+            "permissions violation for publish"
+            in (await asyncio.wait_for(violations.get(), 5)).lower()
+        )
+        await nc.subscribe(subjects.VALIDATION_WILDCARD)
+        await nc.flush(timeout=5)
+        assert (
+            "permissions violation for subscription"
+            in (await asyncio.wait_for(violations.get(), 5)).lower()
+        )
+    finally:
+        await nc.close()
