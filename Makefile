@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install system-packages demo test test-faults lint typecheck contracts unit stubs bench clean
+.PHONY: install system-packages demo test test-faults lint typecheck contracts unit stubs bench clean docs-cli
 
 install: $(STAMP)
 
@@ -59,6 +59,10 @@ bench: install
 
 stubs: install
 	$(BIN)/python proto/deviceplugin/generate.py
+
+# docs/cli-reference.md from the click command trees (a unit test fails when it is stale).
+docs-cli: install
+	$(BIN)/python docs/gen_cli_reference.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -19,6 +19,7 @@ from agent.errors import AgentError
 HANDSHAKE_VERSION: Final = 1
 MAX_FRAME: Final = 64 * 1024
 _LENGTH: Final = struct.Struct(">I")
+_RETRY: Final = 0.2  # seconds between attempts while the server is not listening yet
 
 U8 = Annotated[int, msgspec.Meta(ge=0, le=0xFF)]
 U16 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF)]
@@ -176,14 +177,28 @@ class Channel:
 
 
 async def connect(host: str, port: int, *, timeout: float) -> Channel:
-    """Connect to a `verify --serve` peer within `timeout` seconds."""
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except TimeoutError as exc:
-        raise HandshakeError(f"no answer from {host}:{port} within {timeout:g} s") from exc
-    except OSError as exc:
-        raise HandshakeError(f"cannot connect to {host}:{port}: {exc}") from exc
-    return Channel(reader, writer, timeout=timeout)
+    """Connect to a `verify --serve` peer within `timeout` seconds.
+
+    A refused connection is retried until then: the server pod may be running but not yet
+    listening (both pods of a validation start at the same time).
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), left)
+        except TimeoutError as exc:
+            raise HandshakeError(f"no answer from {host}:{port} within {timeout:g} s") from exc
+        except ConnectionRefusedError as exc:
+            if left <= _RETRY:
+                raise HandshakeError(
+                    f"cannot connect to {host}:{port} within {timeout:g} s: {exc}"
+                ) from exc
+            await asyncio.sleep(_RETRY)  # retry back-off, bounded by the deadline
+            continue
+        except OSError as exc:
+            raise HandshakeError(f"cannot connect to {host}:{port}: {exc}") from exc
+        return Channel(reader, writer, timeout=timeout)
 
 
 def parse_peer(text: str, default_port: int) -> tuple[str, int]:

@@ -78,7 +78,7 @@ async def accept_one(
 
 
 async def listen(
-    host: str, port: int, timeout: float
+    host: str, port: int, timeout: float, *, start_serving: bool = True
 ) -> tuple[asyncio.Server, asyncio.Queue[Channel]]:
     """A TCP server whose first accepted connection lands in the returned queue.
 
@@ -94,7 +94,7 @@ async def listen(
             await channel.close()  # one peer per test
 
     try:
-        server = await asyncio.start_server(accepted, host, port)
+        server = await asyncio.start_server(accepted, host, port, start_serving=start_serving)
     except OSError as exc:
         raise HandshakeError(f"cannot listen on {host}:{port}: {exc}") from exc
     return server, queue

@@ -30,7 +30,7 @@ class ResyncSettings:
     # with a snapshot, a full counter batch and its status): the fleet's answers are
     # spread over nodes / rate seconds (agents add at least their own jitter).
     rate_nodes_per_s: float = 200.0
-    min_gap_s: float = 5.0  # between two requests; requests in between are merged
+    min_gap_s: float = 1.0  # between two requests; requests in between are merged
 
 
 def resync_spread(nodes: int, rate_nodes_per_s: float) -> float:

@@ -156,11 +156,18 @@ def _get(client: httpx.Client, path: str) -> Any:
 def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> dict[str, Any]:
     names = [n for n, _ in DEMO_NODES]
 
+    # On a terminal a spinner shows the step in progress (start-up takes seconds).
+    spinner = console.status("", spinner="dots") if console.is_terminal and not quiet else None
+
     def status(text: str) -> None:
         if not quiet:
             console.print(f"[bold cyan]»[/] {text}")
+        if spinner is not None:
+            spinner.update(f"{text}…")
 
     with ExitStack() as stack:
+        if spinner is not None:
+            stack.enter_context(spinner)
         fleet = stack.enter_context(running_fleet(workdir, status))
         client = stack.enter_context(httpx.Client(base_url=fleet.api_url, timeout=5.0))
 
@@ -208,6 +215,8 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
                 f"     nicfleetctl --server {fleet.api_url} node {FAULT_NODE}\n"
                 f"Logs and sysfs trees: {workdir}\nPress Ctrl-C to stop."
             )
+            if spinner is not None:
+                spinner.update("fleet running; press Ctrl-C to stop")
             _wait_for_interrupt(fleet)
     return {
         "nodes": nodes,

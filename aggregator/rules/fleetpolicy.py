@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView, policies_by_node
@@ -237,13 +237,13 @@ def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return sum(counts.values()) >= 2, tuple(usuals)
 
 
-def _rail_judge(peer: Peer, facts: Facts) -> list[Finding]:
+def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     found: list[Finding] = []
-    for i, device in _rails(peer):
+    for (i, device), (_, rail) in zip(_rails(peer), votes, strict=True):
         several, usuals = cast(tuple[bool, tuple[object, ...]], facts[i])
         if not several:
             continue
-        attrs = dict(zip(RAIL_KEYS, _rail(device), strict=True))
+        attrs = dict(zip(RAIL_KEYS, cast(Rail, rail), strict=True))
         differs: dict[str, object] = {}
         for key, usual in zip(RAIL_KEYS, usuals, strict=True):
             value = attrs[key]

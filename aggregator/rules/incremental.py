@@ -258,7 +258,7 @@ class IncrementalRules:
         for name in judge:
             broken.discard(name)
             try:
-                found = rule.judge(self._peer(name), tally.facts)
+                found = rule.judge(self._peer(name), tally.votes[name], tally.facts)
             except Exception:
                 broken.add(name)
                 self._set_unit((name, rule.rule, False), ())

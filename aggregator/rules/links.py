@@ -7,7 +7,7 @@ Pure functions of the fleet view. A port whose state is UNKNOWN (unreadable) is 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView
@@ -113,7 +113,7 @@ def _rate_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return max(cast(float, rate) for rate, n in counts.items() if n == top)
 
 
-def _rate_judge(peer: Peer, modes: Facts) -> list[Finding]:
+def _rate_judge(peer: Peer, votes: Sequence[Vote], modes: Facts) -> list[Finding]:
     minimum = peer.expect.min_rate_gbps
     found: list[Finding] = []
     for device, port, rate in _active_rates(peer):
@@ -165,7 +165,7 @@ def _layer_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return majority_of(counts), frozenset(counts)  # (usual layer, layers seen)
 
 
-def _layer_judge(peer: Peer, facts: Facts) -> list[Finding]:
+def _layer_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     snap = peer.record.snapshot
     if snap is None:
         return []
@@ -248,7 +248,7 @@ def _mtu_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return majority_of(counts), sum(counts.values()) > 1  # (usual MTU, several ports)
 
 
-def _mtu_judge(peer: Peer, facts: Facts) -> list[Finding]:
+def _mtu_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     found: list[Finding] = []
     for fabric, where, netdev, mtu in _mtu_rows(peer):
         layer, is_compute = fabric

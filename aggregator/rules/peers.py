@@ -7,7 +7,7 @@ evaluated incrementally: `tally` a node's votes per group (model, fabric, module
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from aggregator.cluster import ClusterView, policies_by_node
@@ -40,19 +40,20 @@ def _no_findings(policies: tuple[Policy, ...], facts: Facts) -> list[Finding]:
     return []
 
 
-def _no_node_findings(peer: Peer, facts: Facts) -> list[Finding]:
+def _no_node_findings(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     return []
 
 
 @dataclass(frozen=True, slots=True)
 class PeerRule:
     """A rule whose findings for node N depend on N and on the facts of N's groups only:
-    `judge(peer, facts)` reads `facts[g]` for the groups `g` that `tally(peer)` voted in."""
+    `judge(peer, votes, facts)` gets the node's own votes (`tally(peer)`, in order) and
+    reads `facts[g]` only for the groups `g` voted in."""
 
     rule: str
     tally: Callable[[Peer], Iterable[Vote]]
     settle: Callable[[Mapping[Hashable, int]], Hashable]  # value -> count (never empty)
-    judge: Callable[[Peer, Facts], list[Finding]] = _no_node_findings
+    judge: Callable[[Peer, Sequence[Vote], Facts], list[Finding]] = _no_node_findings
     conclude: Callable[[tuple[Policy, ...], Facts], list[Finding]] = _no_findings
 
 
@@ -70,7 +71,10 @@ def peers(
 def tally_counts(votes: Iterable[Vote]) -> dict[Hashable, Counter[Hashable]]:
     counts: dict[Hashable, Counter[Hashable]] = {}
     for group, value in votes:
-        counts.setdefault(group, Counter())[value] += 1
+        seen = counts.get(group)
+        if seen is None:
+            seen = counts[group] = Counter()
+        seen[value] += 1
     return counts
 
 
@@ -81,8 +85,8 @@ def run(
     cluster: ClusterView,
 ) -> list[Finding]:
     """The whole fleet at once (what `registry.evaluate` runs)."""
-    everyone = list(peers(fleet, policies, cluster))
-    counts = tally_counts(vote for peer in everyone for vote in rule.tally(peer))
+    everyone = [(peer, list(rule.tally(peer))) for peer in peers(fleet, policies, cluster)]
+    counts = tally_counts(vote for _, votes in everyone for vote in votes)
     facts = {group: rule.settle(seen) for group, seen in counts.items()}
-    found = [finding for peer in everyone for finding in rule.judge(peer, facts)]
+    found = [f for peer, votes in everyone for f in rule.judge(peer, votes, facts)]
     return [*found, *rule.conclude(policies, facts)]

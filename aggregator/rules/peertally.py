@@ -18,7 +18,7 @@ MISSING: Final = object()  # the fact of a group nobody votes in (or that failed
 class PeerTally:
     def __init__(self, rule: PeerRule) -> None:
         self.rule = rule
-        self.votes: dict[str, Counter[Vote]] = {}
+        self.votes: dict[str, list[Vote]] = {}  # node -> its votes, in tally order
         self.counts: dict[Hashable, Counter[Hashable]] = {}
         self.members: dict[Hashable, set[str]] = {}
         self.facts: dict[Hashable, Hashable] = {}
@@ -26,7 +26,7 @@ class PeerTally:
     def retract(self, name: str) -> set[Hashable]:
         """Withdraw a node's votes; the groups touched."""
         touched: set[Hashable] = set()
-        for (group, value), n in self.votes.pop(name, Counter()).items():
+        for (group, value), n in Counter(self.votes.pop(name, ())).items():
             counts = self.counts[group]
             counts[value] -= n
             if counts[value] <= 0:
@@ -37,10 +37,14 @@ class PeerTally:
 
     def cast(self, name: str, votes: Iterable[Vote]) -> set[Hashable]:
         """Record a node's votes (after `retract`); the groups touched."""
-        mine = self.votes[name] = Counter(votes)
-        for (group, value), n in mine.items():
-            self.counts.setdefault(group, Counter())[value] += n
-            self.members.setdefault(group, set()).add(name)
+        mine = self.votes[name] = list(votes)
+        for (group, value), n in Counter(mine).items():
+            counts = self.counts.get(group)
+            if counts is None:
+                counts = self.counts[group] = Counter()
+                self.members[group] = set()
+            counts[value] += n
+            self.members[group].add(name)
         return {group for group, _ in mine}
 
     def settle(self, touched: set[Hashable], broken: set[Hashable]) -> set[Hashable]:

@@ -7,7 +7,7 @@ Pure. Versions compare numerically by dotted parts ("28.41.1000" > "28.9.2000").
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView
@@ -54,7 +54,7 @@ def _fw_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return majority_of(counts), ",".join(sorted(cast(str, v) for v in counts)), sum(counts.values())
 
 
-def _fw_judge(peer: Peer, facts: Facts) -> list[Finding]:
+def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     snap = peer.record.snapshot
     if snap is None:
         return []
@@ -173,9 +173,9 @@ def _driver_settle(counts: Mapping[Hashable, int]) -> Hashable:
     return ",".join(sorted(cast(str, v) for v in counts)), majority_of(counts)
 
 
-def _driver_judge(peer: Peer, facts: Facts) -> list[Finding]:
+def _driver_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     found: list[Finding] = []
-    for module, label in _driver_tally(peer):
+    for module, label in votes:
         seen, usual = cast(tuple[str, str | None], facts[module])
         if "," not in seen or label == usual:
             continue

@@ -138,7 +138,12 @@ def test_empty_fleet_says_what_to_check() -> None:
         unknown = ctl("--server", empty, "node", "gpu-001")
     assert result.exit_code == 0
     assert result.stdout == ""
-    for hint in ("has heard from no agent yet", "agents running", "--nats-url", "nicfleetctl check"):
+    for hint in (
+        "has heard from no agent yet",
+        "agents running",
+        "--nats-url",
+        "nicfleetctl check",
+    ):
         assert hint in result.stderr
     assert "the aggregator knows no node yet" in unknown.stderr
 
@@ -166,7 +171,9 @@ def test_precedence_flag_env_context_default(
     [
         pytest.param("contexts: [\n", ":2: not valid YAML", id="bad-yaml"),
         pytest.param("contexts: []\nserver: x\n", ":2: $.server: unknown key", id="unknown-key"),
-        pytest.param("contexts:\n- name: a\n", ":2: $.contexts[0].server: is required", id="no-server"),
+        pytest.param(
+            "contexts:\n- name: a\n", ":2: $.contexts[0].server: is required", id="no-server"
+        ),
         pytest.param(
             "contexts:\n- name: a\n  server: ftp://x\n", ":3: $.contexts[0].server", id="bad-url"
         ),
@@ -203,8 +210,10 @@ def test_completion_scripts(shell: str) -> None:
     result = ctl("completion", shell)
     assert result.exit_code == 0, result.output
     assert "_NICFLEETCTL_COMPLETE" in result.stdout
-    assert f"{shell}_complete" in result.stdout or f"{shell}_source" in result.stdout or (
-        "complete" in result.stdout
+    assert (
+        f"{shell}_complete" in result.stdout
+        or f"{shell}_source" in result.stdout
+        or ("complete" in result.stdout)
     )
 
 

@@ -18,6 +18,7 @@ from agent.handshake import (
     Endpoint,
     HandshakeError,
     Start,
+    connect,
     encode_frame,
 )
 from agent.rdmatest import RdmaTestError, Transfer
@@ -307,3 +308,29 @@ async def test_a_port_in_use_is_a_clear_error() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_client_started_before_the_server_listens_still_connects() -> None:
+    # Both pods of a validation start together; the client retries refused connects. The
+    # port is bound but not listening (start_serving=False) until the client runs.
+    server, queue = await pairtest.listen("127.0.0.1", 0, FAST.timeout, start_serving=False)
+    port = server.sockets[0].getsockname()[1]
+    client_qp = FakeQueuePair("mlx5_1", CLIENT_GID, 2)
+    async with asyncio.TaskGroup() as tg:
+        client = tg.create_task(pairtest.run_pyverbs("127.0.0.1", port, lambda: client_qp, FAST))
+        await server.start_serving()
+        tg.create_task(serve(FakeQueuePair("mlx5_0", SERVER_GID, 1), FAST, server, queue))
+    assert client.result().error is None
+    assert client.result().bytes_per_second is not None
+
+
+async def test_a_server_that_never_listens_is_retried_until_the_timeout() -> None:
+    server, _ = await pairtest.listen("127.0.0.1", 0, SHORT.timeout, start_serving=False)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(
+            HandshakeError, match=rf"cannot connect to 127.0.0.1:{port} within 0\.3 s"
+        ):
+            await connect("127.0.0.1", port, timeout=SHORT.timeout)
+    finally:
+        server.close()

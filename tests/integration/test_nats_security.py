@@ -26,8 +26,8 @@ from aggregator.natskeys import Provisioned, provision
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
-from proto.codec import encode
-from proto.messages import DesiredConfig, DevicePluginConfig
+from proto.codec import decode, encode
+from proto.messages import DesiredConfig, DevicePluginConfig, ResyncRequest
 from proto.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
 from tests import builders
 from tests.conftest import wait_until
@@ -193,6 +193,37 @@ async def test_observer_reads_alerts_and_nothing_else(
         assert msg.data == b"real"  # the observer's own publish never arrived first
         await wait_until(lambda: errors.has("violation for subscription"), what="sub refused")
         await wait_until(lambda: errors.has("violation for publish"), what="publish refused")
+
+
+async def test_agent_hears_resync_requests_and_nothing_else(
+    server: NatsServer, keys: Provisioned
+) -> None:
+    errors = Errors()
+    aggregator_id = NatsClientSecurity(nkey_seed_file=keys.aggregator_seed)
+    async with (
+        client(server.url, agent_security(keys, NODE_A), node=NODE_A, errors=errors) as nc,
+        client(server.url, aggregator_id) as agg,
+    ):
+        control = await nc.subscribe(subjects.CONTROL_RESYNC)
+        await nc.subscribe(f"{subjects.PREFIX}.control.>")  # wider than granted
+        await nc.subscribe(subjects.NODE_WILDCARD)
+        await nc.publish(subjects.CONTROL_RESYNC, b"forged")  # only the aggregator may ask
+        await nc.flush()
+        request = ResyncRequest(reason="start", requested_at=1.0)
+        await agg.publish(subjects.CONTROL_RESYNC, encode(request))
+        await agg.flush()
+        msg = await control.next_msg(timeout=5)
+        assert decode(msg.data, ResyncRequest) == request  # the forged one never arrived
+        await wait_until(
+            lambda: (
+                errors.has('subscription to "nicfleet.v1.control.>"')
+                and errors.has(f'subscription to "{subjects.NODE_WILDCARD}"')
+                and errors.has(f'publish to "{subjects.CONTROL_RESYNC}"')
+            ),
+            what="wider subscriptions and the agent's own request refused",
+        )
+        assert not errors.has(f'subscription to "{subjects.CONTROL_RESYNC}"')
+        assert nc.is_connected
 
 
 def desired(node: str, generation: int) -> DesiredConfig:

@@ -97,7 +97,10 @@ async def test_change_while_the_aggregator_was_down_arrives_at_its_start(
     node = "resync-restart-01"
     root = lab_node(tmp_path, "roce-cx6dx", node)
     alert = f"nicfleet.v1.alert.critical.port-down.{subjects.node_token(node)}"
-    async with subscriber(own_nats.url, alert) as (nc, (inbox,)), agent(own_nats.url, root, node) as running:
+    async with (
+        subscriber(own_nats.url, alert) as (nc, (inbox,)),
+        agent(own_nats.url, root, node) as running,
+    ):
         async with aggregator(own_nats.url) as first:
             await wait_until(lambda: port_state(first, node) == "ACTIVE", what="node in fleet")
             kv = await nc.jetstream().key_value(subjects.KV_NODES)
@@ -119,8 +122,9 @@ async def test_change_while_the_aggregator_was_down_arrives_at_its_start(
             assert [a.state for a in inbox.about(node, "mlx5_0/1")] == ["firing"]
             # Deltas alone cannot be merged by a new process: this is the resync's full batch.
             await wait_until(
-                lambda: (record := second.fleet.get(node)) is not None
-                and record.counters is not None,
+                lambda: (
+                    (record := second.fleet.get(node)) is not None and record.counters is not None
+                ),
                 what="a full counter batch",
             )
             assert second.resync is not None and second.resync.sent == {"start": 1}

@@ -1,0 +1,221 @@
+"""The compact wire form of a CounterBatch: msgpack arrays instead of maps, every counter
+key sent once per message in a name table and referred to by index (docs/wire.md,
+"Packed counter batches"). `pack`/`unpack` convert to and from the `CounterBatch` the
+code uses; unpacking builds each dict with C-level zips, once per distinct key list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Final
+
+import msgspec
+
+from proto.inventory import Base, ReadError
+from proto.messages import MESSAGES_VERSION, CounterBatch, PortCounters
+
+PACKED_TAG: Final = "nicfleet.v1.PackedCounterBatch"
+# The counter groups of PortCounters; a name-table entry of a counter is "<group>/<name>".
+GROUPS: Final = ("counters", "counters_ext", "hw_counters")
+
+Index = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class PackedLayout(Base, frozen=True, kw_only=True, array_like=True):
+    """Which counters a port carries, in order: indexes into `PackedCounterBatch.names`.
+
+    Ports of the same kind share one layout, so a full batch names its keys once."""
+
+    counters: tuple[Index, ...] = ()
+    counters_ext: tuple[Index, ...] = ()
+    hw_counters: tuple[Index, ...] = ()
+    rates: tuple[Index, ...] = ()  # rate keys: "<group>/<name>", "rx_bytes", "tx_bytes"
+
+
+class PackedPort(Base, frozen=True, kw_only=True, array_like=True):
+    """One PortCounters: its values in the order of its layout; whole-number rates may be
+    sent as ints. `saturated`, `resets`, `removed` index the name table too."""
+
+    device: str
+    port: int
+    layout: Index = 0
+    counter_values: tuple[int, ...] = ()
+    counters_ext_values: tuple[int, ...] = ()
+    hw_counters_values: tuple[int, ...] = ()
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+    rate_values: tuple[float, ...] = ()
+    saturated: tuple[Index, ...] = ()
+    resets: tuple[Index, ...] = ()
+    removed: tuple[Index, ...] = ()
+
+
+class PackedCounterBatch(
+    Base, frozen=True, kw_only=True, array_like=True, tag_field="schema", tag=PACKED_TAG
+):
+    """A CounterBatch as an array: [schema, version, node, seq, ...]; fields added later
+    go at the end with defaults (older decoders ignore extra trailing elements)."""
+
+    version: int = MESSAGES_VERSION
+    node: str
+    seq: int
+    collected_at: float
+    interval_s: float | None = None
+    base_seq: int | None = None
+    names: tuple[str, ...] = ()
+    layouts: tuple[PackedLayout, ...] = ()
+    ports: tuple[PackedPort, ...] = ()
+    errors: tuple[ReadError, ...] = ()
+
+
+class PackError(ValueError):
+    """A packed batch whose indexes do not fit its name table; `path` names the field."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{reason} - at `{path}`")
+
+
+class _Table:
+    """Interns the keys and layouts of one batch while packing."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.layouts: dict[PackedLayout, int] = {}
+
+    def refs(self, keys: Iterable[str]) -> tuple[int, ...]:
+        index = self.index
+        return tuple(index.setdefault(key, len(index)) for key in keys)
+
+    def group(self, group: str, values: Mapping[str, int]) -> tuple[int, ...]:
+        return self.refs(f"{group}/{name}" for name in values)
+
+    def layout(self, port: PortCounters) -> int:
+        layout = PackedLayout(
+            counters=self.group("counters", port.counters),
+            counters_ext=self.group("counters_ext", port.counters_ext),
+            hw_counters=self.group("hw_counters", port.hw_counters),
+            rates=self.refs(port.rates),
+        )
+        return self.layouts.setdefault(layout, len(self.layouts))
+
+
+def _compact_rate(rate: float) -> float:
+    # msgpack sends an int in 1-9 bytes, a float always in 9; float fields accept ints.
+    return int(rate) if rate.is_integer() and abs(rate) < 2**63 else rate
+
+
+def pack(batch: CounterBatch) -> PackedCounterBatch:
+    """The packed form of `batch` (a full batch or a delta alike)."""
+    table = _Table()
+    ports = [
+        PackedPort(
+            device=p.device,
+            port=p.port,
+            layout=table.layout(p),
+            counter_values=tuple(p.counters.values()),
+            counters_ext_values=tuple(p.counters_ext.values()),
+            hw_counters_values=tuple(p.hw_counters.values()),
+            rx_bytes=p.rx_bytes,
+            tx_bytes=p.tx_bytes,
+            rate_values=tuple(_compact_rate(r) for r in p.rates.values()),
+            saturated=table.refs(p.saturated),
+            resets=table.refs(p.resets),
+            removed=table.refs(p.removed),
+        )
+        for p in batch.ports
+    ]
+    return PackedCounterBatch(
+        version=batch.version,
+        node=batch.node,
+        seq=batch.seq,
+        collected_at=batch.collected_at,
+        interval_s=batch.interval_s,
+        base_seq=batch.base_seq,
+        names=tuple(table.index),
+        layouts=tuple(table.layouts),
+        ports=tuple(ports),
+        errors=batch.errors,
+    )
+
+
+_Keys = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+
+def _resolve(names: tuple[str, ...], layouts: Sequence[PackedLayout]) -> list[_Keys]:
+    """Each layout's key names, checked against the table (PackError names the field)."""
+    bare = [key.partition("/")[2] for key in names]
+    resolved = []
+    for n, layout in enumerate(layouts):
+        keys = []
+        for group in GROUPS:
+            refs: tuple[int, ...] = getattr(layout, group)
+            path = f"$.layouts[{n}].{group}"
+            _check_refs(refs, len(names), path)
+            prefix = group + "/"
+            wrong = [names[i] for i in refs if not names[i].startswith(prefix)]
+            if wrong:
+                raise PackError(path, f"name {wrong[0]!r} is not in group {group!r}")
+            keys.append(tuple(map(bare.__getitem__, refs)))
+        _check_refs(layout.rates, len(names), f"$.layouts[{n}].rates")
+        keys.append(tuple(map(names.__getitem__, layout.rates)))
+        resolved.append((keys[0], keys[1], keys[2], keys[3]))
+    return resolved
+
+
+def _check_refs(refs: tuple[int, ...], size: int, path: str) -> None:
+    if refs and max(refs) >= size:
+        raise PackError(path, f"index {max(refs)} is beyond the {size} names")
+
+
+def unpack(packed: PackedCounterBatch) -> CounterBatch:
+    """The CounterBatch that `packed` stands for; PackError when an index is off."""
+    names = packed.names
+    layouts = _resolve(names, packed.layouts)
+    ports = []
+    try:
+        for p in packed.ports:
+            counters, ext, hw, rates = layouts[p.layout]
+            ports.append(
+                PortCounters(
+                    device=p.device,
+                    port=p.port,
+                    counters=dict(zip(counters, p.counter_values, strict=True)),
+                    counters_ext=dict(zip(ext, p.counters_ext_values, strict=True)),
+                    hw_counters=dict(zip(hw, p.hw_counters_values, strict=True)),
+                    rx_bytes=p.rx_bytes,
+                    tx_bytes=p.tx_bytes,
+                    rates=dict(zip(rates, p.rate_values, strict=True)),
+                    saturated=tuple(map(names.__getitem__, p.saturated)),
+                    resets=tuple(map(names.__getitem__, p.resets)),
+                    removed=tuple(map(names.__getitem__, p.removed)),
+                )
+            )
+    except (IndexError, ValueError):
+        raise _port_error(packed, layouts, len(ports)) from None
+    return CounterBatch(
+        version=packed.version,
+        node=packed.node,
+        seq=packed.seq,
+        collected_at=packed.collected_at,
+        interval_s=packed.interval_s,
+        ports=tuple(ports),
+        errors=packed.errors,
+        base_seq=packed.base_seq,
+    )
+
+
+def _port_error(packed: PackedCounterBatch, layouts: list[_Keys], n: int) -> PackError:
+    """Why port `n` did not unpack (the slow path, only for bad input)."""
+    p, at = packed.ports[n], f"$.ports[{n}]."
+    if p.layout >= len(layouts):
+        return PackError(at + "layout", f"layout {p.layout} of {len(layouts)} does not exist")
+    values = (p.counter_values, p.counters_ext_values, p.hw_counters_values, p.rate_values)
+    fields = ("counter_values", "counters_ext_values", "hw_counters_values", "rate_values")
+    for keys, vals, field in zip(layouts[p.layout], values, fields, strict=True):
+        if len(keys) != len(vals):
+            return PackError(at + field, f"{len(vals)} values for a layout of {len(keys)}")
+    for field in ("saturated", "resets", "removed"):
+        _check_refs(getattr(p, field), len(packed.names), at + field)
+    return PackError(at.rstrip("."), "does not unpack")
