@@ -21,6 +21,8 @@ from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
 log = logging.getLogger(__name__)
 
 _MAX_LOGGED: Final = 1024
+# Parsed node subjects kept (4 kinds per node); cleared when full, so never unbounded.
+_MAX_SUBJECTS: Final = 200_000
 
 
 class Ingest:
@@ -39,13 +41,21 @@ class Ingest:
         self._on_snapshot = on_snapshot
         self._on_change = on_change
         self._logged: set[tuple[str, str]] = set()
+        self._subjects: dict[str, tuple[str, str]] = {}
+        self._accepted = {kind: metrics.messages.labels(kind) for kind in subjects.NODE_KINDS}
 
     def handle(self, subject: str, data: bytes) -> bool:
         """Apply one message; return False (after counting it) when it was rejected."""
-        try:
-            node, kind = subjects.parse_node_subject(subject)
-        except ValueError as exc:
-            return self._reject("unknown", "subject", subject, str(exc))
+        parsed = self._subjects.get(subject)
+        if parsed is None:
+            try:
+                parsed = subjects.parse_node_subject(subject)
+            except ValueError as exc:
+                return self._reject("unknown", "subject", subject, str(exc))
+            if len(self._subjects) >= _MAX_SUBJECTS:
+                self._subjects.clear()
+            self._subjects[subject] = parsed
+        node, kind = parsed
         now = self._clock()
         try:
             if kind == subjects.SNAPSHOT:
@@ -74,7 +84,7 @@ class Ingest:
                 self._fleet.apply_status(status, now)
         except CodecError as exc:
             return self._reject(kind, "decode", subject, str(exc))
-        self._metrics.messages.labels(kind).inc()
+        self._accepted[kind].inc()
         if self._on_change is not None:
             self._on_change(node, kind)
         return True

@@ -193,6 +193,10 @@ class ValidationRunner:
             ["phase"],
             registry=registry,
         )
+        for outcome in ("accepted", "malformed", "rejected", "overflow"):
+            self.messages.labels(outcome)  # exported as 0 before the first message
+        for phase in sorted(FINAL_PHASES):
+            self.finished.labels(phase)
 
     async def submit(self, request: ValidationRequest) -> ValidationRecord:
         """Store a pending record and queue it; the caller checked the request first."""

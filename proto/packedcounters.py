@@ -143,25 +143,54 @@ def pack(batch: CounterBatch) -> PackedCounterBatch:
 _Keys = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
+class _Misfiled(Exception):
+    """A layout lists a name under another group than the name's own."""
+
+
 def _resolve(names: tuple[str, ...], layouts: Sequence[PackedLayout]) -> list[_Keys]:
-    """Each layout's key names, checked against the table (PackError names the field)."""
-    bare = [key.partition("/")[2] for key in names]
-    resolved = []
-    for n, layout in enumerate(layouts):
-        keys = []
-        for group in GROUPS:
-            refs: tuple[int, ...] = getattr(layout, group)
-            path = f"$.layouts[{n}].{group}"
-            _check_refs(refs, len(names), path)
-            prefix = group + "/"
-            wrong = [names[i] for i in refs if not names[i].startswith(prefix)]
-            if wrong:
-                raise PackError(path, f"name {wrong[0]!r} is not in group {group!r}")
-            keys.append(tuple(map(bare.__getitem__, refs)))
-        _check_refs(layout.rates, len(names), f"$.layouts[{n}].rates")
-        keys.append(tuple(map(names.__getitem__, layout.rates)))
-        resolved.append((keys[0], keys[1], keys[2], keys[3]))
+    """Each layout's key names (C-level maps, no loop per key); PackError names the field."""
+    split = [key.partition("/") for key in names]
+    group_of = [part[0] for part in split].__getitem__
+    bare = [part[2] for part in split].__getitem__
+    full = names.__getitem__
+    resolved: list[_Keys] = []
+    try:
+        for layout in layouts:
+            counters, ext, hw = layout.counters, layout.counters_ext, layout.hw_counters
+            if (
+                (counters and set(map(group_of, counters)) != _ONLY[0])
+                or (ext and set(map(group_of, ext)) != _ONLY[1])
+                or (hw and set(map(group_of, hw)) != _ONLY[2])
+            ):
+                raise _Misfiled
+            resolved.append(
+                (
+                    tuple(map(bare, counters)),
+                    tuple(map(bare, ext)),
+                    tuple(map(bare, hw)),
+                    tuple(map(full, layout.rates)),
+                )
+            )
+    except (IndexError, _Misfiled):
+        raise _layout_error(names, layouts[len(resolved)], len(resolved)) from None
     return resolved
+
+
+_ONLY: Final = tuple({group} for group in GROUPS)
+
+
+def _layout_error(names: tuple[str, ...], layout: PackedLayout, n: int) -> PackError:
+    """Why layout `n` did not resolve (the slow path, only for bad input)."""
+    for group in (*GROUPS, "rates"):
+        refs: tuple[int, ...] = getattr(layout, group)
+        path = f"$.layouts[{n}].{group}"
+        _check_refs(refs, len(names), path)
+        wrong = [
+            names[i] for i in refs if group != "rates" and not names[i].startswith(group + "/")
+        ]
+        if wrong:
+            return PackError(path, f"name {wrong[0]!r} is not in group {group!r}")
+    return PackError(f"$.layouts[{n}]", "does not resolve")
 
 
 def _check_refs(refs: tuple[int, ...], size: int, path: str) -> None:
@@ -174,22 +203,26 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
     names = packed.names
     layouts = _resolve(names, packed.layouts)
     ports = []
+    # The loop below is the whole decode cost of a batch: C-level zips, nothing per key.
+    new_port, get = PortCounters, names.__getitem__
     try:
         for p in packed.ports:
             counters, ext, hw, rates = layouts[p.layout]
             ports.append(
-                PortCounters(
+                new_port(
                     device=p.device,
                     port=p.port,
                     counters=dict(zip(counters, p.counter_values, strict=True)),
-                    counters_ext=dict(zip(ext, p.counters_ext_values, strict=True)),
+                    counters_ext=dict(zip(ext, p.counters_ext_values, strict=True))
+                    if ext or p.counters_ext_values
+                    else {},
                     hw_counters=dict(zip(hw, p.hw_counters_values, strict=True)),
                     rx_bytes=p.rx_bytes,
                     tx_bytes=p.tx_bytes,
                     rates=dict(zip(rates, p.rate_values, strict=True)),
-                    saturated=tuple(map(names.__getitem__, p.saturated)),
-                    resets=tuple(map(names.__getitem__, p.resets)),
-                    removed=tuple(map(names.__getitem__, p.removed)),
+                    saturated=tuple(map(get, p.saturated)) if p.saturated else (),
+                    resets=tuple(map(get, p.resets)) if p.resets else (),
+                    removed=tuple(map(get, p.removed)) if p.removed else (),
                 )
             )
     except (IndexError, ValueError):

@@ -29,7 +29,8 @@ from aggregator.ctl.client import (
     read_token_file,
 )
 from aggregator.ctl.completion import attach_node_completion, complete_node_names, completion
-from aggregator.ctl.config import config_group, is_server_url, settings_from
+from aggregator.ctl.config import is_server_url, settings_from
+from aggregator.ctl.contexts import config_group
 from aggregator.ctl.render import console_for, render_node, render_nodes
 from aggregator.ctl.topology import build_matrix, render_matrix, snapshot_of
 from aggregator.ctl.watch import add_watch, add_yaml

@@ -27,7 +27,7 @@ from aggregator.rules.fleetfacts import (
 )
 from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
 from aggregator.rules.thresholds import Thresholds
-from proto.inventory import Device, Port
+from proto.inventory import Device, NodeSnapshot, Port
 from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]
@@ -220,28 +220,25 @@ def check_link_layer_mismatch(
     return run(LINK_LAYER_MISMATCH, fleet, policies, cluster)
 
 
-MtuRow = tuple[tuple[str, bool], str, str, int]  # fabric (layer, compute), where, netdev, mtu
-
-
-def _mtu_rows(peer: Peer) -> Iterator[MtuRow]:
-    """Fabric = link layer x role (compute adapter or not), fleet-wide."""
-    snap = peer.record.snapshot
-    if snap is None:
-        return
-    compute = {d.name for d in compute_adapters(snap, peer.expect)}
+def _mtu_places(snap: NodeSnapshot) -> Iterator[tuple[Device, int, str, str, int]]:
+    """Every netdev with an MTU: (adapter, port, the port's link layer, netdev, MTU)."""
     for device in snap.devices:
         layers = {p.port: p.link_layer for p in device.ports}
         for iface in device.interfaces:
             if iface.mtu is None or iface.mtu <= 0:
                 continue
             port = iface.port or 1
-            layer: str = layers.get(port, "Unknown")
-            yield (layer, device.name in compute), f"{device.name}/{port}", iface.name, iface.mtu
+            yield device, port, layers.get(port, "Unknown"), iface.name, iface.mtu
 
 
 def _mtu_tally(peer: Peer) -> Iterator[Vote]:
-    for fabric, _, _, mtu in _mtu_rows(peer):
-        yield fabric, mtu
+    """Fabric = link layer x role (compute adapter or not), fleet-wide."""
+    snap = peer.record.snapshot
+    if snap is None:
+        return
+    compute = {d.name for d in compute_adapters(snap, peer.expect)}
+    for device, _, layer, _, mtu in _mtu_places(snap):
+        yield (layer, device.name in compute), mtu
 
 
 def _mtu_settle(counts: Mapping[Hashable, int]) -> Hashable:
@@ -249,11 +246,16 @@ def _mtu_settle(counts: Mapping[Hashable, int]) -> Hashable:
 
 
 def _mtu_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
+    snap = peer.record.snapshot
+    if snap is None:
+        return []
+    expected = peer.expect.mtu
     found: list[Finding] = []
-    for fabric, where, netdev, mtu in _mtu_rows(peer):
-        layer, is_compute = fabric
+    places = zip(_mtu_places(snap), votes, strict=True)
+    for (device, port, _, netdev, mtu), (fabric, _) in places:
+        layer, is_compute = cast(tuple[str, bool], fabric)
         usual, several = cast(tuple[int | None, bool], facts[fabric])
-        wanted = peer.expect.mtu if is_compute else None
+        wanted = expected if is_compute else None
         if wanted is not None and mtu != wanted:
             why = f"the policy's {wanted}"
         elif wanted is None and several and usual != mtu:
@@ -262,6 +264,7 @@ def _mtu_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]
                 why = f"the rest of its {layer} fabric, which has no majority MTU"
         else:
             continue
+        where = f"{device.name}/{port}"
         found.append(
             Finding(
                 rule="mtu-mismatch",

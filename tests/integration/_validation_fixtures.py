@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -171,9 +173,11 @@ async def validation_stack(
     settings: ValidationSettings = FAST,
     with_cluster: bool = True,
     auth: ApiAuth | None = None,
+    pods_api: bool = True,  # False: the API server answers 404 for pods
 ) -> AsyncIterator[Stack]:
     emulator = kmock.KubernetesEmulator()
-    emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
+    if pods_api:
+        emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
     async with emulator, kmock.Server(emulator) as server:
         kube = await KubeClient.connect(KubeSettings(host=str(server.url)))
         nc = await nats.connect(nats_url)
@@ -228,7 +232,10 @@ async def validation_stack(
                     stop.set()
         finally:
             await app_runner.cleanup()
-            await nc.drain()
+            try:
+                await asyncio.wait_for(nc.drain(), 10)
+            except TimeoutError:
+                await nc.close()
             await kube.close()
 
 
@@ -260,5 +267,12 @@ def stack_in_thread(nats_url: str, **kwargs: Any) -> Iterator[Stack]:
         yield stack
     finally:
         box["loop"].call_soon_threadsafe(stack.stop.set)
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "validation stack did not stop"
+        thread.join(timeout=60)  # generous: the machines are shared and slow at times
+        if thread.is_alive():
+            frame = sys._current_frames().get(thread.ident or 0)
+            where = "".join(traceback.format_stack(frame)) if frame else "?"
+            for task in asyncio.all_tasks(box["loop"]):  # racy, but only for the message
+                where += f"\ntask {task.get_name()}: " + "".join(
+                    traceback.format_stack(task.get_stack()[-1]) if task.get_stack() else "-"
+                )
+            raise AssertionError(f"validation stack did not stop; its thread is at:\n{where}")

@@ -74,13 +74,6 @@ def test_unreachable_names_url_source_and_how_to_set_it(closed_url: str) -> None
     assert f"at {closed_url} (from NICFLEET_SERVER)" in env.stderr
 
 
-def test_unreachable_default_server_says_so() -> None:
-    # Nothing listens on 127.0.0.1:8080 in the test environment unless someone runs a demo.
-    result = ctl("--server", "http://127.0.0.1:9", "nodes")
-    assert result.exit_code == 3
-    assert "(from --server)" in result.stderr
-
-
 def test_unreachable_from_a_context(closed_url: str, config_file: Path) -> None:
     write_config(config_file, [{"name": "lab", "server": closed_url}], "lab")
     result = ctl("resources", config=config_file)

@@ -139,9 +139,10 @@ def test_watch_prints_a_block_per_interval_when_piped(server: str) -> None:
 
 
 def test_watch_default_interval_and_bad_values(server: str) -> None:
-    result = ctl("--server", server, "findings", "-w", "--watch-count", "1")
+    result = ctl("--server", server, "resources", "-w", "--watch-count", "1")
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("Every 2s: nicfleetctl findings")
+    assert result.stderr == "No resources found.\n"  # the sample fleet has no device plugin
+    assert result.stdout.startswith("Every 2s: nicfleetctl resources")
     bad = ctl("--server", server, "nodes", "--watch", "0")
     assert bad.exit_code == 2
     assert "--watch" in bad.stderr

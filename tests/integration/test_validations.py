@@ -112,6 +112,13 @@ async def test_pair_validation_creates_pins_collects_deletes_and_stores(
         assert [item["id"] for item in listed["items"]][:1] == [vid]
         assert stack.store.latest_for("gpu-001", RES) is not None
         assert counted(stack, "accepted") == 2
+        trace = (await get(stack, "/api/v1/trace", node="gpu-002", resource=RES)).json()
+        last = trace["links"][-1]
+        assert (last["name"], last["status"]) == ("tested-data-path", "ok")
+        assert (last["evidence"]["validation"], last["evidence"]["bytes_per_second"]) == (
+            vid,
+            24e9,
+        )
 
 
 async def test_peer_that_never_answers_times_out_and_pods_are_deleted(
@@ -322,3 +329,19 @@ def test_schemathesis_on_the_validation_routes(own_nats: NatsServer) -> None:
             assert response.status_code == 200
         assert seen[500] == 0
         assert seen[400] > 0 and seen[200] > 0
+
+
+async def test_kubernetes_api_errors_fail_the_validation_with_the_reason(
+    own_nats: NatsServer,
+) -> None:
+    async with validation_stack(own_nats.url, pods_api=False) as stack:
+        vid = (await post(stack, pair())).json()["id"]
+        record = await final(stack, vid)
+        assert record["phase"] == "failed"
+        assert record["reason"].startswith(
+            f"Kubernetes API: create Pod {NS}/nicfleet-validate-{vid}-server: "
+        )
+        assert record["pods_deleted"] is True  # 404 on delete: nothing was there
+        trace = (await get(stack, "/api/v1/trace", node="gpu-001", resource=RES)).json()
+        assert trace["links"][-1]["status"] == "broken"
+        assert trace["first_broken"] == len(trace["links"]) - 1

@@ -18,6 +18,7 @@ from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
 from aggregator.fleet import Fleet
 from aggregator.rules import fleetpolicy, links, versions
 from aggregator.rules.catalog import RULE_IDS
+from aggregator.rules.duetimes import DueNodes
 from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.peers import Peer, PeerRule
 from aggregator.rules.registry import FLEET_RULES, NODE_RULES, PEER_RULES, TIME_RULES, evaluate
@@ -337,3 +338,17 @@ def test_the_alert_engine_rules_are_the_incremental_ones() -> None:
         found = rules.evaluate(fleet, policies, NO_CLUSTER, T0 + step)
         assert found == evaluate(fleet.view(), policies, NO_CLUSTER, T0 + step)
     assert rules._incremental.rebuilds == 1
+
+
+def test_due_nodes_wake_at_their_due_time_and_sleep_when_the_clock_goes_back() -> None:
+    due = DueNodes()
+    due.reschedule("a", T0 + 30)
+    due.reschedule("b", T0 + 60)
+    due.reschedule("c", float("nan"))  # cannot be ordered: always re-run
+    assert due.advance(T0) == set() and due.active == {"c"}
+    assert due.advance(T0 + 29.5) == set() and due.active == {"a", "c"}  # SLACK_S early
+    due.reschedule("a", T0 + 90)  # a message arrived: later due time
+    assert due.advance(T0 + 59.5) == set() and due.active == {"b", "c"}
+    assert due.advance(T0) == {"b"} and due.active == {"c"}  # the clock went back
+    due.reschedule("c", None)  # node removed
+    assert due.advance(T0 + 100) == set() and due.active == {"a", "b"}

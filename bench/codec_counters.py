@@ -1,0 +1,159 @@
+"""Micro-benchmark (issue 8): size, decode and encode time of one CounterBatch per encoding.
+
+Messages are made by the agent's own code (bench/loadgen.py templates: 16 ports, every PMA
+and hw counter, with rates): a full batch, and a delta in which every port is busy (data and
+packet counters, their rates and the byte counts moved). Each is timed as the map encoding
+(before packing) and packed; the delta also with the aggregator's merge onto its base.
+`ingest_*`: CPU per message through the aggregator's `Ingest.handle` (subject, decode,
+fleet apply, metrics), full batches with rising seq over 1,000 nodes. Not a test:
+.venv/bin/python bench/codec_counters.py --json   (CPU time, median of --runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from loadgen import NodeShape, build_templates  # noqa: E402
+
+from agent.counterdelta import delta_against  # noqa: E402
+from aggregator.fleet import Fleet, merge_counter_delta  # noqa: E402
+from aggregator.ingest import Ingest  # noqa: E402
+from aggregator.metrics import Metrics  # noqa: E402
+from proto import codec, subjects  # noqa: E402
+from proto.messages import CounterBatch, PortCounters  # noqa: E402
+
+BUSY: Final = (
+    "port_rcv_data",
+    "port_xmit_data",
+    "port_rcv_packets",
+    "port_xmit_packets",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
+)
+
+
+def busy_round(base: CounterBatch, step: int = 1_000_000) -> CounterBatch:
+    """`base` one second later with every port moving traffic."""
+
+    def port(p: PortCounters) -> PortCounters:
+        counters = {k: v + step if k in BUSY else v for k, v in p.counters.items()}
+        rates = {
+            k: float(step) if k.split("/")[-1] in BUSY or k in ("rx_bytes", "tx_bytes") else v
+            for k, v in p.rates.items()
+        }
+        return msgspec.structs.replace(
+            p,
+            counters=counters,
+            rx_bytes=(p.rx_bytes or 0) + step,
+            tx_bytes=(p.tx_bytes or 0) + step,
+            rates=rates,
+        )
+
+    return msgspec.structs.replace(
+        base,
+        seq=base.seq + 1,
+        collected_at=base.collected_at + 1,
+        ports=tuple(map(port, base.ports)),
+    )
+
+
+def timed(fn: Callable[[], object], loops: int, runs: int) -> float:
+    """Median over `runs` of the mean CPU µs per call of `loops` calls (GC on, as in the
+    service). CPU time, not wall time: other processes share the machine."""
+    results = []
+    for _ in range(runs):
+        gc.collect()
+        start = time.process_time()
+        for _ in range(loops):
+            fn()
+        results.append((time.process_time() - start) / loops * 1e6)
+    return round(statistics.median(results), 1)
+
+
+def ingest_cpu(full: CounterBatch, encoder: Callable[[Any], bytes], runs: int) -> float:
+    """Median CPU µs per `Ingest.handle` of a counter batch (1,000 nodes x 3 rounds)."""
+    names = [f"n-{i:04d}" for i in range(1000)]
+    messages = [
+        (
+            subjects.node_subject(name, subjects.COUNTERS),
+            encoder(msgspec.structs.replace(full, node=name, seq=seq)),
+        )
+        for seq in (10, 11, 12)
+        for name in names
+    ]
+    results = []
+    for _ in range(runs):
+        ingest = Ingest(
+            fleet=Fleet(), metrics=Metrics.create(), clock=time.time, on_snapshot=lambda s, t: None
+        )
+        gc.collect()
+        start = time.process_time()
+        for subject, data in messages:
+            ingest.handle(subject, data)
+        results.append((time.process_time() - start) / len(messages) * 1e6)
+    return round(statistics.median(results), 1)
+
+
+def measure(shape: NodeShape, loops: int, runs: int) -> dict[str, Any]:
+    full = codec.decode(build_templates(shape).counters, CounterBatch)
+    delta = delta_against(full, busy_round(full))
+    assert delta is not None
+    out: dict[str, Any] = {"ports": len(full.ports)}
+    for label, batch in (("full", full), ("delta", delta)):
+        for encoding, data in (("map", codec.encode_map(batch)), ("packed", codec.encode(batch))):
+            assert codec.decode(data, CounterBatch) == batch
+            row: dict[str, Any] = {
+                "bytes": len(data),
+                "decode_us": timed(lambda d=data: codec.decode(d, CounterBatch), loops, runs),
+            }
+            encoder = codec.encode_map if encoding == "map" else codec.encode
+            row["encode_us"] = timed(lambda b=batch, e=encoder: e(b), loops, runs)
+            if label == "delta":
+                row["decode_merge_us"] = timed(
+                    lambda d=data: merge_counter_delta(full, codec.decode(d, CounterBatch)),
+                    loops,
+                    runs,
+                )
+            out[f"{label}_{encoding}"] = row
+    out["ingest_full_map_us"] = ingest_cpu(full, codec.encode_map, runs)
+    out["ingest_full_packed_us"] = ingest_cpu(full, codec.encode, runs)
+    for label in ("full", "delta"):
+        before, after = out[f"{label}_map"], out[f"{label}_packed"]
+        out[f"{label}_size_ratio"] = round(before["bytes"] / after["bytes"], 1)
+        out[f"{label}_decode_ratio"] = round(before["decode_us"] / after["decode_us"], 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loops", type=int, default=500, help="calls per run")
+    parser.add_argument("--runs", type=int, default=7, help="runs (median)")
+    parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
+    parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+    shape = NodeShape(counters=args.counters, hw_counters=args.hw_counters)
+    result = measure(shape, args.loops, args.runs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for key, row in result.items():
+        print(f"{key:>20}: {row}")
+
+
+if __name__ == "__main__":
+    main()
