@@ -26,6 +26,7 @@ from aggregator.natskeys import nats_auth
 from aggregator.reviewflags import token_review_options
 from aggregator.service import AggregatorService, AggregatorSettings
 from aggregator.tokenreview import ReviewSettings
+from aggregator.validationflags import ValidationFlags, validation_options, with_validation_flags
 from proto.natsconnect import NatsClientSecurity
 from proto.natsflags import nats_security_options
 from proto.policy import Policy, PolicyError, load_policies
@@ -131,6 +132,7 @@ def main() -> None:
     "--identity",
     help="This replica's name in leader election. Default: <hostname>-<pid>.",
 )
+@validation_options
 @click.option(
     "--api-token-file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -174,6 +176,7 @@ def run(
     in_cluster: bool,
     kube_api: str | None,
     identity: str | None,
+    validation_flags: ValidationFlags,
     api_token_file: Path | None,
     metrics_public: bool,
     api_token_review: ReviewSettings | None,
@@ -260,6 +263,7 @@ def run(
     )
     if identity:
         settings = dataclasses.replace(settings, identity=identity)
+    settings = with_validation_flags(settings, validation_flags)
     try:
         asyncio.run(_serve(settings))
     except AggregatorError as exc:

@@ -304,7 +304,7 @@ POST_OPERATIONS: Final[Mapping[str, Schema]] = {
             "404": _error("Unknown node; `suggestions` holds close names."),
             "409": _error("A node does not advertise the resource; `suggestions` do."),
             "429": _error("Too many validations waiting; retry later."),
-            "503": _error("No Kubernetes API to run the pods in."),
+            "503": _error("No Kubernetes API or pod template to run the pods with."),
         },
     },
 }

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 from aiohttp import web
@@ -244,8 +245,8 @@ class AggregatorService:
                 nc=nc,
                 store=await ValidationStore.open(nc, keep=self.settings.validation.keep),
                 settings=self.settings.validation,
-                # Pods are made only with a cluster; without one POST answers 503.
-                template=load_template(self.settings.validation_template) if kube else {},
+                # Pods are made only with a cluster and a template; else POST answers 503.
+                template=self._validation_template() if kube else None,
                 identity=self.settings.identity,
                 clock=self.clock,
                 registry=self.metrics.registry,
@@ -377,6 +378,13 @@ class AggregatorService:
         self.api_url = f"http://{_url_host(host)}:{port}"
         log.info("API listening on %s", self.api_url)
         return runner
+
+    def _validation_template(self) -> dict[str, Any] | None:
+        try:
+            return load_template(self.settings.validation_template)
+        except StoreError as exc:
+            log.warning("pair validations off: %s", exc)
+            return None
 
     def _token_reviewer(self) -> TokenReviewer | None:
         review = self.settings.api_token_review

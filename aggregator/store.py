@@ -1,7 +1,8 @@
 """Persist the latest snapshot of every node in the `nicfleet-nodes` KV bucket.
 
 Writes are coalesced per node (only the newest pending snapshot of a node is written)
-and done by one writer task, so ingest never waits on storage. A failed write is
+and done by one writer task, up to 32 in flight, so ingest never waits on storage and a
+burst of snapshots is not written one round trip at a time. A failed write is
 counted, keeps the node pending and is retried; nothing already stored is overwritten
 by a message the fleet rejected.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
@@ -24,6 +26,9 @@ from proto.codec import CodecError, decode, encode
 from proto.inventory import Base, NodeSnapshot
 
 log = logging.getLogger(__name__)
+
+# KV puts awaited together: each is a JetStream publish waiting for its ack.
+WRITES_IN_FLIGHT: Final = 32
 
 
 class StoredNode(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.stored-node"):
@@ -107,23 +112,28 @@ class SnapshotWriter:
 
     async def flush(self) -> None:
         batch, self._pending = self._pending, {}
-        for node, stored in batch.items():
-            try:
-                await self._kv.put(subjects.node_token(node), encode(stored))
-            except (TimeoutError, JetStreamError, OSError) as exc:
-                self._metrics.kv_write_errors.labels(subjects.KV_NODES).inc()
-                # A full or missing bucket fails every node on every retry: warn once
-                # per episode, the rest is in the metric and at debug level.
-                level = logging.WARNING if self.healthy else logging.DEBUG
-                log.log(level, "KV write for node %s failed: %s", node, exc)
-                self.healthy = False
-                self.last_error = f"KV write for node {node} failed: {exc}"
-                # Keep it pending unless a newer snapshot arrived meanwhile.
-                self._pending.setdefault(node, stored)
-                continue
-            self._metrics.kv_writes.labels(subjects.KV_NODES).inc()
+        items = list(batch.items())
+        for start in range(0, len(items), WRITES_IN_FLIGHT):
+            chunk = items[start : start + WRITES_IN_FLIGHT]
+            await asyncio.gather(*(self._write(node, stored) for node, stored in chunk))
         if not self._pending:
             if not self.healthy:
                 log.info("KV writes to %s work again", subjects.KV_NODES)
             self.healthy = True
             self.last_error = None
+
+    async def _write(self, node: str, stored: StoredNode) -> None:
+        try:
+            await self._kv.put(subjects.node_token(node), encode(stored))
+        except (TimeoutError, JetStreamError, OSError) as exc:
+            self._metrics.kv_write_errors.labels(subjects.KV_NODES).inc()
+            # A full or missing bucket fails every node on every retry: warn once
+            # per episode, the rest is in the metric and at debug level.
+            level = logging.WARNING if self.healthy else logging.DEBUG
+            log.log(level, "KV write for node %s failed: %s", node, exc)
+            self.healthy = False
+            self.last_error = f"KV write for node {node} failed: {exc}"
+            # Keep it pending unless a newer snapshot arrived meanwhile.
+            self._pending.setdefault(node, stored)
+            return
+        self._metrics.kv_writes.labels(subjects.KV_NODES).inc()

@@ -2,7 +2,8 @@
 
 Pure: a function of the fleet records, the cluster view, the policies and `now`. Each link
 is `ok`, `broken` or `unknown` with its evidence; a broken one carries a one-sentence likely
-cause and fix. Host links live in `tracehost`; the device-plugin and Kubernetes links here.
+cause and fix. Host links live in `tracehost`; the device-plugin and Kubernetes links here;
+the last, `tested-data-path`, in `validation` (the newest pair validation, passed in).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ KV_VALIDATIONS: Final = "nicfleet-validations"
 # In a source tree; in a cluster the template comes from a ConfigMap (docs/validation.md).
 TEMPLATE: Final = Path(__file__).resolve().parents[1] / "deploy/validation/pod-template.yaml"
 RESYNC_S: Final = 60.0
+STOPPED: Final = "the aggregator stopped before the validation finished"
 MAX_INBOX: Final = 16  # result messages buffered per validation; two are expected
 
 
@@ -166,7 +167,7 @@ class ValidationRunner:
         nc: NatsClient,
         store: ValidationStore,
         settings: ValidationSettings,
-        template: Mapping[str, Any],
+        template: Mapping[str, Any] | None,  # None: no template, POST answers 503
         identity: str,
         clock: Callable[[], float],
         registry: CollectorRegistry,
@@ -203,6 +204,8 @@ class ValidationRunner:
         if self._kube is None:
             raise ValidationUnavailable("validations need a Kubernetes API (--kubeconfig, "
                                         "--in-cluster or --kube-api)")  # fmt: skip
+        if self._template is None:
+            raise ValidationUnavailable("no validation pod template (--validation-template)")
         if self._queue.full():
             raise ValidationBusy(f"{self._queue.qsize()} validations are already waiting")
         record = new_record(
@@ -219,7 +222,8 @@ class ValidationRunner:
     async def run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.store.run(stop))
-            workers = [tasks.create_task(self._work()) for _ in range(self.settings.max_running)]
+            running = range(self.settings.max_running)
+            workers = [tasks.create_task(self._work(stop)) for _ in running]
             await stop.wait()
             for worker in workers:
                 worker.cancel()
@@ -228,15 +232,17 @@ class ValidationRunner:
             reason = "the aggregator stopped before the validation started"
             await self.store.put(abandoned(record, reason, self._clock()))
 
-    async def _work(self) -> None:
-        while True:
+    async def _work(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             record = await self._queue.get()
-            await self.validate(record)
+            await self.validate(record, stop)
 
-    async def validate(self, record: ValidationRecord) -> ValidationRecord:
+    async def validate(
+        self, record: ValidationRecord, stop: asyncio.Event | None = None
+    ) -> ValidationRecord:
         """Run one validation to a final phase; the pods are deleted on every way out."""
-        assert self._kube is not None
-        kube = self._kube
+        assert self._kube is not None and self._template is not None
+        kube, template = self._kube, self._template
         inbox: asyncio.Queue[bytes] = asyncio.Queue(MAX_INBOX)
 
         async def on_message(msg: Msg) -> None:
@@ -251,6 +257,10 @@ class ValidationRunner:
         try:
             while True:
                 now = self._clock()
+                # Cancellation alone is not enough: Python 3.11's wait_for can swallow it.
+                if stop is not None and stop.is_set():
+                    record = abandoned(record, STOPPED, now)
+                    break
                 while not inbox.empty():
                     record, problem = self._take(record, inbox.get_nowait(), now)
                     if problem and not warned:
@@ -265,11 +275,11 @@ class ValidationRunner:
                 )
                 moved = advance(record, decision, now)
                 if decision.action == "create-server":
-                    await kube.create_pod(build_pod(self._template, moved, "server", self.settings))
+                    await kube.create_pod(build_pod(template, moved, "server", self.settings))
                 elif decision.action == "create-client":
                     server = views["server"]
                     moved = msgspec.structs.replace(moved, server_ip=server.ip if server else None)
-                    await kube.create_pod(build_pod(self._template, moved, "client", self.settings))
+                    await kube.create_pod(build_pod(template, moved, "client", self.settings))
                 if decision.action == "finish":
                     record = moved  # stored by _cleanup, once the pods are gone
                     break
@@ -284,8 +294,7 @@ class ValidationRunner:
         except KubeError as exc:
             record = abandoned(record, f"Kubernetes API: {exc}", self._clock())
         except asyncio.CancelledError:
-            reason = "the aggregator stopped before the validation finished"
-            record = abandoned(record, reason, self._clock())
+            record = abandoned(record, STOPPED, self._clock())
             raise
         finally:
             with contextlib.suppress(NatsError, OSError):

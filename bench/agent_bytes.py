@@ -29,7 +29,6 @@ from typing import Any, Final
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import msgspec  # noqa: E402
 import nats  # noqa: E402
 
 from agent import __version__  # noqa: E402
@@ -42,7 +41,7 @@ from agent.rates import with_rates  # noqa: E402
 from agent.sysfs import Sysfs  # noqa: E402
 from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
-from proto.codec import encode  # noqa: E402
+from proto.codec import decode, encode  # noqa: E402
 from proto.messages import CounterBatch  # noqa: E402
 
 NODE: Final = "bench-ib-01.example"
@@ -191,7 +190,7 @@ def measure(args: argparse.Namespace, seed: int, server: tuple[NatsServer, int] 
         full_wire_bytes=sum(pub_line_bytes(subject, len(p)) for p in fulls),
         delta_wire_bytes=sum(pub_line_bytes(subject, len(p)) for p in deltas),
         snapshot_bytes=snapshot,
-        ports=len(msgspec.msgpack.decode(fulls[0], type=CounterBatch).ports),
+        ports=len(decode(fulls[0], CounterBatch).ports),
     )
     if server is not None:
         run.varz_full_in_bytes = asyncio.run(varz_in_bytes(*server, fulls))

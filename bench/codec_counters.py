@@ -27,52 +27,18 @@ REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from loadgen import NodeShape, build_templates  # noqa: E402
+from loadgen import NodeShape, build_templates, busy_round  # noqa: E402
 
 from agent.counterdelta import delta_against  # noqa: E402
 from aggregator.fleet import Fleet, merge_counter_delta  # noqa: E402
 from aggregator.ingest import Ingest  # noqa: E402
 from aggregator.metrics import Metrics  # noqa: E402
 from proto import codec, subjects  # noqa: E402
-from proto.messages import CounterBatch, PortCounters  # noqa: E402
+from proto.messages import CounterBatch  # noqa: E402
 
 # Run from a copy of an older tree (before packing) it measures the map encoding only.
 PACKED: Final = hasattr(codec, "encode_map")
 encode_map: Callable[[Any], bytes] = getattr(codec, "encode_map", codec.encode)
-
-BUSY: Final = (
-    "port_rcv_data",
-    "port_xmit_data",
-    "port_rcv_packets",
-    "port_xmit_packets",
-    "unicast_rcv_packets",
-    "unicast_xmit_packets",
-)
-
-
-def busy_round(base: CounterBatch, step: int = 1_000_000) -> CounterBatch:
-    """`base` one second later with every port moving traffic."""
-
-    def port(p: PortCounters) -> PortCounters:
-        counters = {k: v + step if k in BUSY else v for k, v in p.counters.items()}
-        rates = {
-            k: float(step) if k.split("/")[-1] in BUSY or k in ("rx_bytes", "tx_bytes") else v
-            for k, v in p.rates.items()
-        }
-        return msgspec.structs.replace(
-            p,
-            counters=counters,
-            rx_bytes=(p.rx_bytes or 0) + step,
-            tx_bytes=(p.tx_bytes or 0) + step,
-            rates=rates,
-        )
-
-    return msgspec.structs.replace(
-        base,
-        seq=base.seq + 1,
-        collected_at=base.collected_at + 1,
-        ports=tuple(map(port, base.ports)),
-    )
 
 
 def timed(fn: Callable[[], object], loops: int, runs: int) -> float:

@@ -27,7 +27,15 @@ from typing import Any, Final
 
 import aiohttp
 import nats
-from loadgen import LoadGen, LoadSpec, NodeShape, Templates, build_templates, spread_port_downs
+from loadgen import (
+    ENCODINGS,
+    LoadGen,
+    LoadSpec,
+    NodeShape,
+    Templates,
+    build_templates,
+    spread_port_downs,
+)
 from scale_probes import (
     Aggregator,
     Bare,
@@ -44,8 +52,8 @@ REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
-from proto.codec import decode  # noqa: E402
-from proto.messages import Alert  # noqa: E402
+from proto.codec import decode, encode_map  # noqa: E402
+from proto.messages import Alert, CounterBatch  # noqa: E402
 
 LAG_GROWTH_LIMIT_S: Final = 0.5  # lag end - lag start above this: not sustained
 ALERT_P99_LIMIT_S: Final = 1.0
@@ -88,6 +96,8 @@ async def measure(
                     port_down=spread_port_downs(
                         nodes, args.port_downs, args.warmup, args.duration - 3
                     ),
+                    encoding=args.encoding,
+                    full_every=args.full_every,
                 )
                 gen = LoadGen(spec, tpl)
                 t_snap = time.monotonic()
@@ -295,6 +305,11 @@ MEDIAN_KEYS: Final = (
 )
 
 
+def full_batch(tpl: Templates, encoding: str) -> bytes:
+    """The full counter batch as the load generator sends it in `encoding`."""
+    return tpl.counters if encoding == "packed" else encode_map(decode(tpl.counters, CounterBatch))
+
+
 def tree_state() -> dict[str, Any]:
     """The commit measured and how many files differed from it (others edit concurrently)."""
 
@@ -317,7 +332,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
             "load_avg_at_start": os.getloadavg(),
         },
-        "counter_bytes_per_msg": len(tpl.counters),
+        "encoding": args.encoding,
+        "full_every": args.full_every,
+        # a full batch as sent; the mean over fulls and deltas is in each point's "load"
+        "counter_bytes_per_msg": len(full_batch(tpl, args.encoding)),
         "snapshot_bytes": len(tpl.snapshot),
         "hz": args.hz,
         "duration_s": args.duration,
@@ -399,6 +417,8 @@ def main() -> None:
     parser.add_argument("--snapshot-rate", type=float, default=250.0, help="snapshots/s at start")
     parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
     parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
+    parser.add_argument("--encoding", choices=ENCODINGS, default="packed", help="of counters")
+    parser.add_argument("--full-every", type=int, default=30, help="1: no deltas (as before)")
     parser.add_argument("--profile-at", type=int, help="py-spy the aggregator at this count")
     parser.add_argument("--stop-when-broken", action="store_true")
     parser.add_argument("--json", action="store_true", help="print JSON only")

@@ -1,8 +1,10 @@
 """Load generator for issue 8: many simulated agents in a few processes, one NATS connection
 each. Every node publishes one realistic NodeSnapshot, then a CounterBatch (16 ports by
 default, built by the real agent code from a rendered synthetic lab node) at `hz`, phases
-spread evenly over the interval; chosen nodes publish a port-down LinkEvent at known
-offsets. `collected_at` / `observed_at` carry the send time (wall clock) so lag can be read.
+spread evenly over the interval — like agents: packed, a full batch every `full_every` rounds
+and a delta (every port busy) in between; `--encoding map --full-every 1` is the load before
+packing and deltas. Chosen nodes publish a port-down LinkEvent at known offsets.
+`collected_at` / `observed_at` carry the send time (wall clock) so lag can be read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import nats
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agent.counterdelta import delta_against  # noqa: E402
 from agent.counters import CounterReader  # noqa: E402
 from agent.inventory import collect_snapshot  # noqa: E402
 from agent.lab import faults  # noqa: E402
@@ -36,9 +39,20 @@ from agent.rates import with_rates  # noqa: E402
 from agent.sysfs import Sysfs  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch, LinkEvent  # noqa: E402
+from proto.messages import CounterBatch, LinkEvent, PortCounters  # noqa: E402
+from proto.packedcounters import PackedCounterBatch, pack  # noqa: E402
 
 BATCH_SLEEP: Final = 0.002  # publish everything due within 2 ms in one go
+ENCODINGS: Final = ("packed", "map")
+# Counters a busy port moves every second (with their rates and the byte counts).
+BUSY: Final = (
+    "port_rcv_data",
+    "port_xmit_data",
+    "port_rcv_packets",
+    "port_xmit_packets",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +77,8 @@ class LoadSpec:
     shape: NodeShape = field(default_factory=NodeShape)
     # (node index, seconds after the counter start) of each injected port-down event
     port_down: tuple[tuple[int, float], ...] = ()
+    encoding: str = "packed"  # of counter batches: packed (agents today) | map (before)
+    full_every: int = 30  # a full batch every n rounds, deltas between (1: full only)
 
 
 @dataclass
@@ -70,6 +86,7 @@ class Templates:
     snapshot: bytes  # encoded NodeSnapshot of node "tpl"
     counters: bytes  # encoded CounterBatch (with rates) of node "tpl"
     device: str  # first RDMA device: the port-down events target <device>/1
+    delta: bytes = b""  # the round after `counters` with every port busy, as a delta on it
 
 
 def node_name(prefix: str, index: int) -> str:
@@ -110,7 +127,65 @@ def build_templates(shape: NodeShape) -> Templates:
                 group = "counters" if name in port.counters else "hw_counters"
                 faults.bump_counter(root, port.device, port.port, f"{group}/{name}", 1000)
             batch = with_rates(first, reader.collect(node="tpl", seq=2, now=now))
-    return Templates(snapshot=codec.encode(snap), counters=codec.encode(batch), device=device)
+    delta = delta_against(batch, busy_round(batch))
+    return Templates(
+        snapshot=codec.encode(snap),
+        counters=codec.encode(batch),
+        device=device,
+        delta=codec.encode(delta) if delta is not None else b"",
+    )
+
+
+def busy_round(base: CounterBatch, step: int = 1_000_000) -> CounterBatch:
+    """`base` one second later with every port moving `step` bytes and packets."""
+
+    def port(p: PortCounters) -> PortCounters:
+        counters = {k: v + step if k in BUSY else v for k, v in p.counters.items()}
+        moving = {f"counters/{name}" for name in BUSY} | {"rx_bytes", "tx_bytes"}
+        rates = {k: float(step) if k in moving else v for k, v in p.rates.items()}
+        return msgspec.structs.replace(
+            p,
+            counters=counters,
+            rx_bytes=(p.rx_bytes or 0) + step,
+            tx_bytes=(p.tx_bytes or 0) + step,
+            rates=rates,
+        )
+
+    return msgspec.structs.replace(
+        base,
+        seq=base.seq + 1,
+        collected_at=base.collected_at + 1,
+        ports=tuple(map(port, base.ports)),
+    )
+
+
+class CounterStream:
+    """One worker's counter messages: templates decoded once, per message only node, seq,
+    times and base_seq replaced before encoding (packing is done once, not per message)."""
+
+    def __init__(self, tpl: Templates, encoding: str) -> None:
+        full = codec.decode(tpl.counters, CounterBatch)
+        delta = codec.decode(tpl.delta, CounterBatch) if tpl.delta else full
+        self._full: CounterBatch | PackedCounterBatch = full
+        self._delta: CounterBatch | PackedCounterBatch = delta
+        self._encode = codec.encode_map
+        if encoding == "packed":
+            self._full, self._delta, self._encode = pack(full), pack(delta), codec.encode
+
+    def message(
+        self, node: str, seq: int, now: float, period: float, base_seq: int | None
+    ) -> bytes:
+        template = self._full if base_seq is None else self._delta
+        return self._encode(
+            msgspec.structs.replace(
+                template,
+                node=node,
+                seq=seq,
+                collected_at=now,
+                interval_s=period,
+                base_seq=base_seq,
+            )
+        )
 
 
 @dataclass
@@ -132,7 +207,8 @@ async def _run_worker(
     names = [node_name(spec.prefix, i) for i in mine]
     stats = WorkerStats(worker=worker, nodes=len(mine))
     snap_t = codec.decode(tpl.snapshot, NodeSnapshot)
-    batch_t = codec.decode(tpl.counters, CounterBatch)
+    stream = CounterStream(tpl, spec.encoding)
+    last_full = [0] * len(names)  # seq of each node's last full batch
     replace = msgspec.structs.replace
 
     async def on_error(exc: Exception) -> None:
@@ -168,10 +244,12 @@ async def _run_worker(
                     await asyncio.sleep(due - now)
                     now = time.time()
                 late.append(max(0.0, now - due))
-                batch = replace(
-                    batch_t, node=name, seq=tick + 2, collected_at=now, interval_s=period
+                seq = tick + 2
+                if tick == 0 or (tick + mine[j]) % spec.full_every == 0:
+                    last_full[j] = seq  # phases of the full batches spread over the nodes
+                data = stream.message(
+                    name, seq, now, period, None if last_full[j] == seq else last_full[j]
                 )
-                data = codec.encode(batch)
                 await nc.publish(counter_subjects[j], data)
                 stats.counters += 1
                 stats.counter_bytes += len(data)
@@ -267,7 +345,11 @@ class LoadGen:
             "nodes": self.spec.nodes,
             "processes": self.spec.processes,
             "hz": self.spec.hz,
-            "counter_bytes_per_msg": len(self.templates.counters),
+            "encoding": self.spec.encoding,
+            "full_every": self.spec.full_every,
+            "counter_bytes_per_msg": round(
+                sum(s["counter_bytes"] for s in stats) / max(1, sum(s["counters"] for s in stats))
+            ),
             "snapshot_bytes": len(self.templates.snapshot),
             "snapshots": sum(s["snapshots"] for s in stats),
             "counters": sum(s["counters"] for s in stats),
@@ -293,6 +375,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of counters")
     parser.add_argument("--hz", type=float, default=1.0)
     parser.add_argument("--port-downs", type=int, default=0, help="port-down events to inject")
+    parser.add_argument("--encoding", choices=ENCODINGS, default="packed")
+    parser.add_argument("--full-every", type=int, default=30, help="1: full batches only")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     spec = LoadSpec(
@@ -302,6 +386,8 @@ def main() -> None:
         duration_s=args.duration,
         hz=args.hz,
         port_down=spread_port_downs(args.nodes, args.port_downs, 1.0, args.duration - 1.0),
+        encoding=args.encoding,
+        full_every=args.full_every,
     )
     gen = LoadGen(spec)
     try:

@@ -50,7 +50,7 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: flo
         if result:
             return
         if time.monotonic() > deadline:
-            raise SystemExit("timed out")
+            raise SystemExit(f"timed out waiting for {getattr(predicate, '__name__', predicate)}")
         await asyncio.sleep(0.002)
 
 
@@ -115,7 +115,10 @@ async def restart(work: Path, runs: int, jitter: float) -> list[float]:
 
 
 async def api_state(api: httpx.AsyncClient) -> str | None:
-    response = await api.get(f"/api/v1/nodes/{NODE}")
+    try:
+        response = await api.get(f"/api/v1/nodes/{NODE}")
+    except httpx.TransportError:  # seen right after SIGCONT on a busy machine: poll again
+        return None
     snapshot = response.json().get("snapshot") if response.status_code == 200 else None
     return None if snapshot is None else str(snapshot["devices"][0]["ports"][0]["state"])
 

@@ -57,7 +57,8 @@ class IncrementalRules:
 
     def __init__(self) -> None:
         self._context: tuple[object, ...] | None = None
-        self._records: dict[str, NodeRecord] = {}
+        self._records: dict[str, NodeRecord] = {}  # as last evaluated, in the fleet's order
+        self._misaligned = False
         self._selecting: dict[str, tuple[Policy, ...]] = {}
         self._units: dict[UnitKey, tuple[Finding, ...]] = {}
         self._broken: dict[str, set[Hashable]] = {}  # rule -> nodes/groups it raised on
@@ -103,10 +104,11 @@ class IncrementalRules:
         for name in fields:
             record = fleet.get(name)
             if record is None:
-                self._records.pop(name, None)
                 self._selecting.pop(name, None)
             else:
                 self._records[name] = record
+        if len(self._records) != len(fleet) or self._misaligned:
+            self._records = dict(fleet)  # same nodes in the same order again
 
         def touching(rule: str) -> set[str]:  # the changed nodes whose input to `rule` moved
             reads = READS[rule]
@@ -143,6 +145,7 @@ class IncrementalRules:
     def _start_over(self) -> None:
         self.rebuilds += 1
         self._records = dict(self._fleet)
+        self._misaligned = False
         self._selecting.clear()
         for key in list(self._units):
             self._set_unit(key, ())
@@ -153,8 +156,17 @@ class IncrementalRules:
     def _changed_fields(self, fleet: Mapping[str, NodeRecord]) -> dict[str, frozenset[str]]:
         """Changed node -> the record fields that changed (all: added or removed)."""
         records = self._records
-        changed = {name for name, record in fleet.items() if records.get(name) is not record}
-        if len(records) + sum(1 for name in changed if name not in records) != len(fleet):
+        if len(records) == len(fleet):
+            # Both dicts hold the same nodes in the same order, unless one came and another
+            # went: a pairwise identity check is then exact and needs no lookups (one record
+            # object is never stored under two names).
+            pairs = zip(fleet.items(), records.values(), strict=True)
+            candidates = [name for (name, record), old in pairs if record is not old]
+        else:
+            candidates = list(fleet)
+        changed = {name for name in candidates if records.get(name) is not fleet[name]}
+        self._misaligned = len(changed) != len(candidates)
+        if len(records) != len(fleet) or any(name not in records for name in changed):
             changed |= records.keys() - fleet.keys()  # removed nodes
         fields: dict[str, frozenset[str]] = {}
         for name in changed:

@@ -138,6 +138,18 @@ class Kubelet:
         await self.nc.flush()
 
 
+class _PodsForbidden(kmock.KubernetesEmulator):
+    """An API server whose RBAC does not let the aggregator create pods."""
+
+    async def _handle(self, request: kmock.Request) -> web.StreamResponse:
+        resource = request.resource
+        if resource is not None and resource.plural == "pods" and request.method == "POST":
+            message = 'pods is forbidden: User "nicfleet" cannot create resource "pods"'
+            status = {"kind": "Status", "code": 403, "reason": "Forbidden", "message": message}
+            return web.json_response(status, status=403)
+        return await super()._handle(request)
+
+
 def plain(value: Any) -> Any:
     """kmock's object views as plain JSON data (they wrap nested mappings too)."""
     if isinstance(value, Mapping):
@@ -173,11 +185,11 @@ async def validation_stack(
     settings: ValidationSettings = FAST,
     with_cluster: bool = True,
     auth: ApiAuth | None = None,
-    pods_api: bool = True,  # False: the API server answers 404 for pods
+    pods_api: bool = True,  # False: creating pods is forbidden (no RBAC rule)
+    with_template: bool = True,
 ) -> AsyncIterator[Stack]:
-    emulator = kmock.KubernetesEmulator()
-    if pods_api:
-        emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
+    emulator = kmock.KubernetesEmulator() if pods_api else _PodsForbidden()
+    emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
     async with emulator, kmock.Server(emulator) as server:
         kube = await KubeClient.connect(KubeSettings(host=str(server.url)))
         nc = await nats.connect(nats_url)
@@ -189,7 +201,7 @@ async def validation_stack(
             nc=nc,
             store=store,
             settings=settings,
-            template=load_template(),
+            template=load_template() if with_template else None,
             identity="test-replica",
             clock=time.time,
             registry=registry,

@@ -344,4 +344,12 @@ async def test_kubernetes_api_errors_fail_the_validation_with_the_reason(
         assert record["pods_deleted"] is True  # 404 on delete: nothing was there
         trace = (await get(stack, "/api/v1/trace", node="gpu-001", resource=RES)).json()
         assert trace["links"][-1]["status"] == "broken"
-        assert trace["first_broken"] == len(trace["links"]) - 1
+        assert "Kubernetes API: create Pod" in trace["links"][-1]["cause"]
+
+
+async def test_no_pod_template_answers_503(own_nats: NatsServer) -> None:
+    async with validation_stack(own_nats.url, with_template=False) as stack:
+        response = await post(stack, pair())
+        assert response.status_code == 503
+        assert "--validation-template" in response.json()["error"]["message"]
+        assert list(stack.emulator) == []

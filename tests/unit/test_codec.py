@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proto.codec import MAX_PAYLOAD, WIRE_TYPES, CodecError, decode, encode, from_json, to_json
+from proto.codec import (
+    MAX_PAYLOAD,
+    WIRE_TYPES,
+    CodecError,
+    decode,
+    encode,
+    encode_map,
+    from_json,
+    to_json,
+)
 from proto.inventory import (
     Device,
     Gid,
@@ -191,9 +200,14 @@ def test_round_trip_msgpack_and_json(message: msgspec.Struct) -> None:
 
 @pytest.mark.parametrize("message", ALL_MESSAGES)
 def test_every_top_level_message_has_schema_and_version(message: msgspec.Struct) -> None:
-    raw = msgspec.msgpack.decode(encode(message))
+    raw = msgspec.msgpack.decode(encode_map(message))
     assert raw["schema"] == f"nicfleet.v1.{type(message).__name__}"
     assert raw["version"] == 1
+    packed = msgspec.msgpack.decode(encode(message))
+    if isinstance(message, CounterBatch):  # sent packed: [schema, version, ...]
+        assert packed[:2] == ["nicfleet.v1.PackedCounterBatch", 1]
+    else:
+        assert packed == raw
 
 
 def test_older_minimal_snapshot_still_decodes() -> None:

@@ -9,9 +9,13 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import msgspec
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from aggregator.cli import main as aggregator_cli
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment
 from aggregator.fleet import NodeRecord
+from aggregator.kube import KubeSettings
+from aggregator.service import AggregatorSettings
 from aggregator.validation import (
     RECENT_S,
     Decision,
@@ -34,6 +38,7 @@ from aggregator.validation_request import (
     check_request,
     parse_request,
 )
+from aggregator.validationflags import ValidationFlags, with_validation_flags
 from aggregator.validations import TEMPLATE
 from proto.messages import LatencySummary, PairTestResult, Reason, ValidationResult
 from tests.builders import T0, plugin_status, resource_status
@@ -364,3 +369,30 @@ def test_data_path_link() -> None:
     assert broken.cause == (
         "validation abc123 (gpu-001 ↔ gpu-002) timed-out: the client on gpu-002 never answered"
     )
+
+
+# --- nicfleet-aggregator run --validation-* -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--validation-namespace", "Bad_NS"], "--validation-namespace", id="ns"),
+        pytest.param(["--validation-nats-url", "http://x"], "--validation-nats-url", id="url"),
+        pytest.param(["--validation-template", "/nonexistent"], "does not exist", id="template"),
+    ],
+)
+def test_bad_validation_flags_exit_2(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(aggregator_cli, ["run", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_validation_flags_reach_the_settings() -> None:
+    settings = AggregatorSettings(kube=KubeSettings(host="http://127.0.0.1:1"))
+    flags = ValidationFlags(template=TEMPLATE, namespace="validate", nats_url="tls://n:4222")
+    applied = with_validation_flags(settings, flags)
+    assert applied.validation_template == TEMPLATE
+    assert applied.validation.nats_url == "tls://n:4222"
+    assert applied.kube is not None and applied.kube.validation_namespace == "validate"
+    assert with_validation_flags(settings, ValidationFlags()) == settings
