@@ -19,6 +19,7 @@ from proto import subjects
 
 CONFIG_STREAM = f"KV_{subjects.KV_CONFIG}"
 NODE_SUBJECTS = f"{subjects.PREFIX}.node.>"
+MAX_PARTITIONS = 1024
 
 
 class Role(StrEnum):
@@ -89,9 +90,12 @@ def aggregator_permissions() -> Permissions:
             "$JS.FC.>",
             f"{subjects.PREFIX}.alert.>",
             subjects.CONTROL_RESYNC,
+            subjects.SHARD_SUMMARY_WILDCARD,
         ),
-        publish_deny=(NODE_SUBJECTS,),
-        subscribe_allow=(NODE_SUBJECTS, "_INBOX.>"),
+        publish_deny=(NODE_SUBJECTS, subjects.PARTITION_WILDCARD),
+        # Partitioned node subjects (docs/scaling.md) and the replicas' shard summaries.
+        subscribe_allow=(NODE_SUBJECTS, "_INBOX.>", subjects.PARTITION_WILDCARD,
+                         subjects.SHARD_SUMMARY_WILDCARD),
     )
 
 
@@ -126,10 +130,30 @@ class ServerTls:
     verify: bool = True
 
 
-def render_server_config(identities: tuple[Identity, ...], *, tls: ServerTls | None = None) -> str:
+def partition_mappings(partitions: int) -> dict[str, str]:
+    """Server subject mapping spreading node subjects over `partitions` partitions by node
+    token (docs/scaling.md); {} for 0. Permissions are checked on the original subject."""
+    if not 0 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be in [0, {MAX_PARTITIONS}], got {partitions}")
+    if not partitions:
+        return {}
+    target = subjects.partition_subject("{{partition(%d,1)}}" % partitions,
+                                        "{{wildcard(1)}}", "{{wildcard(2)}}")  # fmt: skip
+    return {subjects.NODE_WILDCARD: target}
+
+
+def render_mappings_config(partitions: int) -> str:
+    """A nats-server config (JSON syntax) holding only the partition mapping."""
+    return json.dumps({"mappings": partition_mappings(partitions)}, indent=2) + "\n"
+
+
+def render_server_config(
+    identities: tuple[Identity, ...], *, tls: ServerTls | None = None, partitions: int = 0
+) -> str:
     """A nats-server config (JSON syntax) with one NKey user per identity.
 
     There is no `no_auth_user`, so a client without valid credentials is refused.
+    With `partitions`, node subjects are mapped to partition subjects (docs/scaling.md).
     """
     if not identities:
         raise ValueError("no identities: the server would refuse everybody")
@@ -144,6 +168,8 @@ def render_server_config(identities: tuple[Identity, ...], *, tls: ServerTls | N
         for i in sorted(identities, key=lambda i: (i.role, i.node or "", i.public_key))
     ]
     doc: dict[str, Any] = {"authorization": {"users": users}}
+    if partitions:
+        doc["mappings"] = partition_mappings(partitions)
     if tls is not None:
         block: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file)}
         if tls.ca_file is not None:

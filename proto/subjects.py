@@ -31,6 +31,22 @@ ALERT_WILDCARD: Final = f"{PREFIX}.alert.>"
 VALIDATION_WILDCARD: Final = f"{PREFIX}.validation.*"
 # The aggregator asks every agent to re-publish its state (docs/wire.md, "Resync").
 CONTROL_RESYNC: Final = f"{PREFIX}.control.resync"
+# Sharded aggregators (docs/scaling.md): nats-server maps node subjects to
+# nicfleet.v1.part.<partition>.node.<node>.<kind>; replicas publish per-shard summaries.
+PARTITION_WILDCARD: Final = f"{PREFIX}.part.>"
+SHARD_SUMMARY_WILDCARD: Final = f"{PREFIX}.shard.*.summary"
+
+
+def partition_subject(partition: int | str, token: str = "*", kind: str = "*") -> str:
+    """`nicfleet.v1.part.<partition>.node.<token>.<kind>` (wildcards by default)."""
+    return f"{PREFIX}.part.{partition}.node.{token}.{kind}"
+
+
+def shard_summary_subject(replica: str) -> str:
+    """`nicfleet.v1.shard.<replica>.summary`; the replica id must be one subject token."""
+    if not replica or any(c in replica for c in ".*> \t"):
+        raise ValueError(f"replica id {replica!r} is not a single subject token")
+    return f"{PREFIX}.shard.{replica}.summary"
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")

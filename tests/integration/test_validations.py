@@ -4,17 +4,20 @@ every way out (done, timeout, pod failure, shutdown) must leave no pod behind.""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 import httpx
+import nats
 import pytest
 import requests
 from schemathesis import GenerationMode
 
 from aggregator.natsserver import NatsServer
-from aggregator.validation import ValidationRecord, ValidationSettings
-from aggregator.validations import KV_VALIDATIONS
+from aggregator.validation import ValidationRecord, ValidationSettings, abandoned, new_record
+from aggregator.validation_request import ValidationRequest
+from aggregator.validations import KV_VALIDATIONS, ValidationStore
 from proto.codec import decode
 from proto.messages import ValidationResult
 from tests.conftest import wait_until
@@ -30,6 +33,7 @@ from tests.integration._validation_fixtures import (
 from tests.integration.test_api_schema import CHECKS, generate, load, operations
 
 pytestmark = pytest.mark.integration
+REQUEST = ValidationRequest(nodes=("gpu-001", "gpu-002"), resource=RES)
 
 
 async def post(stack: Stack, body: Any) -> httpx.Response:
@@ -353,3 +357,27 @@ async def test_no_pod_template_answers_503(own_nats: NatsServer) -> None:
         assert response.status_code == 503
         assert "--validation-template" in response.json()["error"]["message"]
         assert list(stack.emulator) == []
+
+
+async def test_every_replica_sees_every_validation(own_nats: NatsServer) -> None:
+    """Two stores on one bucket (two replicas): a record written by one reaches the other,
+    including records written before it started; an older write never replaces a newer."""
+    nc = await nats.connect(own_nats.url)
+    try:
+        first = await ValidationStore.open(nc, keep=10)
+        early = abandoned(new_record(REQUEST, id="early1", namespace=NS, runner="a", now=1.0),
+                          "r", 2.0)  # fmt: skip
+        await first.put(early)
+        second = await ValidationStore.open(nc, keep=10)
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(second.run(stop))
+            await wait_until(lambda: second.get("early1") == early, what="initial values")
+            late = new_record(REQUEST, id="late1", namespace=NS, runner="a", now=3.0)
+            await first.put(late)
+            await wait_until(lambda: second.get("late1") == late, what="a live update")
+            assert [r.id for r in second.recent(5)][:2] == ["late1", "early1"]
+            assert second.latest_for("gpu-001", RES) == early  # late1 is not final
+            stop.set()
+    finally:
+        await nc.drain()
