@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
+from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from aggregator.cluster import ClusterView
-from aggregator.errors import KubeError
+from aggregator.errors import KubeError, StoreError
 from aggregator.fleet import NodeRecord
 from aggregator.nodelabels import node_labels
 from aggregator.policystatus import NodeChange, PolicyStatus
@@ -90,12 +91,16 @@ class ConfigStore:
             keys = await self._kv.keys()
         except NoKeysError:
             keys = []
+        except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
+            raise StoreError(f"cannot list {subjects.KV_CONFIG}: {exc!r}") from exc
         loaded: dict[str, DesiredConfig] = {}
         for key in keys:
             try:
                 entry = await self._kv.get(key)
             except KeyNotFoundError:
                 continue
+            except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
+                raise StoreError(f"cannot read {subjects.KV_CONFIG}/{key}: {exc!r}") from exc
             if entry.value is None:
                 continue
             try:

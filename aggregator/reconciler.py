@@ -20,6 +20,7 @@ import msgspec
 from aggregator.apply import ConfigStore, KubeApplier, KubeWriter
 from aggregator.changes import Subscription
 from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.policies import PolicySet, PolicySource
 from aggregator.policystatus import (
@@ -145,8 +146,15 @@ class Reconciler:
         leader = self._is_leader()
         errors = [*current.errors, *current.policy_errors.values()]
         if leader and self._store is not None and not self._leading:
-            await self._store.load()  # what the previous leader left in force
-            self._plan = msgspec.structs.replace(self._plan, desired=dict(self._store.stored))
+            try:
+                await self._store.load()  # what the previous leader left in force
+            except StoreError as exc:
+                # Not knowing what is in force, lead nothing this round; the next tick retries.
+                log.warning("leader, but the stored configs are unreadable: %s", exc)
+                leader = False
+                kv_errors += 1
+            else:
+                self._plan = msgspec.structs.replace(self._plan, desired=dict(self._store.stored))
         self._leading = leader
         previous = self._plan
         if leader and self._store is not None:
