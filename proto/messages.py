@@ -170,7 +170,7 @@ class Alert(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v
     fingerprint: str
 
 
-ResyncReason = Literal["start", "reconnect", "slow-consumer"]
+ResyncReason = Literal["start", "reconnect", "slow-consumer", "shard-takeover"]
 # The longest window an agent accepts for spreading its answer (docs/wire.md, "Resync").
 MAX_RESYNC_SPREAD_S = 300.0
 
@@ -330,3 +330,27 @@ class ValidationResult(
     pair_test: PairTestResult | None = None
     started_at: float
     finished_at: float
+
+
+class ShardVote(Base, frozen=True, array_like=True):
+    """Nodes of one partition casting `value` in a fleet-level rule's group (rules/peers)."""
+
+    partition: int
+    rule: str
+    group: object  # str, int, None or a list of them (a tuple on the sender's side)
+    value: object
+    count: int
+
+
+class ShardSummary(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.ShardSummary"
+):
+    """A sharded aggregator replica's vote counts per partition it holds, on
+    `nicfleet.v1.shard.<replica>.summary` (docs/scaling.md)."""
+
+    version: int = MESSAGES_VERSION
+    replica: str
+    partitions: tuple[int, ...] = ()
+    nodes: int = 0
+    votes: tuple[ShardVote, ...] = ()
+    sent_at: float
