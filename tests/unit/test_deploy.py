@@ -314,6 +314,17 @@ def test_the_aggregator_deployment() -> None:
     assert container["command"] == ["nicfleet-aggregator"]
     args = _args(container, {"POD_NAME": "nicfleet-aggregator-7d9f-abcde"})
     assert args[0] == "run"
+    # The validation template is the ConfigMap made from deploy/validation/pod-template.yaml,
+    # mounted where --validation-template points: parse with the file it will hold.
+    (template,) = [a for a in args if a.startswith("--validation-template=")]
+    mounted = Path(template.split("=", 1)[1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(mounted.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = find(render(""), "ConfigMap", volume["configMap"]["name"])
+    assert mounted.name in config_map["data"]
+    source = REPO / "deploy" / "validation" / mounted.name
+    assert yaml.safe_load(config_map["data"][mounted.name]) == yaml.safe_load(source.read_text())
+    args = [f"--validation-template={source}" if a == template else a for a in args]
     ctx = aggregator_run.make_context("run", args[1:])  # flags the CLI knows
     assert ctx.params["in_cluster"] is True and ctx.params["identity"].startswith("nicfleet-")
     assert ctx.params["nats_url"] == "nats://nicfleet-nats.nicfleet-system.svc:4222"
