@@ -47,7 +47,7 @@ class FaultRecord(msgspec.Struct, frozen=True, kw_only=True):
     fault: FaultKind
     target: str  # mlx5_0/1, mlx5_0/1/port_rcv_errors, 0000:19:00.0
     changes: tuple[Change, ...]
-    injected_at: float  # time.time() after the last write
+    injected_at: float  # before the first write (port faults) or after the last one
 
 
 def port_down(root: Path, device: str, port: int = 1, *, atomic: bool = True) -> FaultRecord:
@@ -167,6 +167,7 @@ def set_acs(root: Path, pci_address: str, control: int, *, atomic: bool = True) 
 def _set_port(
     root: Path, device: str, port: int, kind: FaultKind, *, up: bool, atomic: bool
 ) -> FaultRecord:
+    started = time.time()
     root = tree_root(root)
     port_dir = port_path(root, device, port)
     state, phys = ("ACTIVE", "LinkUp") if up else ("DOWN", "Disabled")
@@ -183,7 +184,7 @@ def _set_port(
             files.append((netdev / "operstate", "up\n" if up else "down\n"))
             files.append((netdev / "carrier", "1\n" if up else "0\n"))
     changes = [write(root, path, text, atomic) for path, text in files]
-    return record(kind, f"{device}/{port}", changes)
+    return record(kind, f"{device}/{port}", changes, started=started)
 
 
 def _width(port_dir: Path, path: Path) -> int:
@@ -278,5 +279,10 @@ def write_bytes(
     return Change(path=str(path.relative_to(root)), old=old, new=new)
 
 
-def record(kind: FaultKind, target: str, changes: list[Change]) -> FaultRecord:
-    return FaultRecord(fault=kind, target=target, changes=tuple(changes), injected_at=time.time())
+def record(
+    kind: FaultKind, target: str, changes: list[Change], *, started: float | None = None
+) -> FaultRecord:
+    """`started`: time.time() taken before the first write, when the caller has it — no
+    reader can see the fault earlier, so "seen - injected_at" is never negative."""
+    injected_at = started if started is not None else time.time()
+    return FaultRecord(fault=kind, target=target, changes=tuple(changes), injected_at=injected_at)
