@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PY_DIRS := agent aggregator proto tests $(wildcard bench)
 
-.PHONY: install system-packages demo test test-faults lint typecheck contracts unit stubs bench clean docs-cli
+.PHONY: install system-packages demo test test-faults lint typecheck contracts unit stubs bench clean docs-cli docs-api
 
 install: $(STAMP)
 
@@ -63,6 +63,10 @@ stubs: install
 # docs/cli-reference.md from the click command trees (a unit test fails when it is stale).
 docs-cli: install
 	$(BIN)/python docs/gen_cli_reference.py
+
+# docs/api-reference.md from the served OpenAPI document (a unit test fails when it is stale).
+docs-api: install
+	$(BIN)/python docs/gen_api_reference.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -22,9 +23,29 @@ from aggregator import __version__
 from aggregator.api_chain import add_chain_routes
 from aggregator.apiauth import ApiAuth, auth_middleware
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import NODE_STATES, Fleet, NodeState, NodeSummary, describe, summarize
+from aggregator.fleet import (
+    NODE_STATES,
+    Fleet,
+    NodeState,
+    NodeSummary,
+    describe,
+    node_state,
+    summarize,
+)
 from aggregator.httperrors import BadParameter, error_response, json_response
-from aggregator.openapi import OPENAPI_PATH, openapi_document
+from aggregator.openapi import NODE_NAME_FILTER, OPENAPI_PATH, openapi_document
+from aggregator.paging import (
+    Key,
+    NameIndex,
+    PageLimits,
+    PagingError,
+    decode_continue,
+    encode_continue,
+    parse_limit,
+    query_digest,
+    select_names,
+    window,
+)
 from aggregator.reconciler import ReconcileReport
 from aggregator.tokenreview import TokenReviewer
 from aggregator.validation import ValidationRecord
@@ -35,8 +56,9 @@ from proto.subjects import InvalidNodeName, validate_node_name
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-NODE_LIST_PARAMS: Final = ("state", "limit", "offset")
+NODE_LIST_PARAMS: Final = ("state", "name", "limit", "continue", "offset")
 MAX_SUGGESTIONS: Final = 3
+_NAME_FILTER: Final = re.compile(NODE_NAME_FILTER["pattern"][1:-1])
 # Any token is a valid HTTP method; only these become metric label values.
 _KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -45,12 +67,23 @@ class ApiSettings(msgspec.Struct, frozen=True, kw_only=True):
     stale_after: float = 30.0  # seconds without any message before a node is "stale"
 
 
-class NodeList(msgspec.Struct, frozen=True, kw_only=True):
+class NodeList(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     items: tuple[NodeSummary, ...]
     count: int  # items in this page
     total: int  # nodes matching the filter, before limit/offset
     offset: int
-    limit: int | None
+    limit: int
+    # Absent on the last page; else pass it back as `continue` (same filters) for the next.
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class NodeQuery(msgspec.Struct, frozen=True, kw_only=True):
+    state: NodeState | None
+    name: str | None  # a prefix, or a glob with * ? [...]
+    limit: int
+    offset: int
+    after: Key | None  # from `continue`
+    digest: str  # what a `continue` token of this query is bound to
 
 
 class _Api:
@@ -71,6 +104,8 @@ class _Api:
         self.readiness = readiness
         self.clock = clock
         self.registry = registry
+        self.page_limits = PageLimits()
+        self.node_index = NameIndex()  # sorted names, re-sorted when the fleet's names change
         self.requests = Counter(
             "nicfleet_api_requests",
             "HTTP API requests answered, by route template and status code.",
@@ -109,16 +144,27 @@ class _Api:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
     async def list_nodes(self, request: web.Request) -> web.Response:
-        state, limit, offset = _node_list_query(request)
-        now = self.clock()
-        stale_after = self.settings.stale_after
-        summaries = [summarize(r, now, stale_after) for r in self.fleet.records()]
-        if state is not None:
-            summaries = [s for s in summaries if s.state == state]
-        end = None if limit is None else offset + limit
-        page = tuple(summaries[offset:end])
+        query = _node_list_query(request, self.page_limits)
+        now, stale_after = self.clock(), self.settings.stale_after
+        view = self.fleet.view()
+        keys: Sequence[Key] = self.node_index.keys(view)
+        if query.name is not None:
+            keys = select_names(keys, query.name)
+        if query.state is not None:
+            wanted = query.state
+            keys = [k for k in keys if node_state(view[str(k[0])], now, stale_after) == wanted]
+        page = window(keys, query.after, query.limit, query.offset)
+        items = tuple(
+            summarize(view[str(k[0])], now, stale_after) for k in keys[page.start : page.end]
+        )
+        token = None if page.after is None else encode_continue(page.after, query.digest)
         body = NodeList(
-            items=page, count=len(page), total=len(summaries), offset=offset, limit=limit
+            items=items,
+            count=len(items),
+            total=page.total,
+            offset=query.offset,
+            limit=query.limit,
+            continue_=token,
         )
         return json_response(body)
 
@@ -206,7 +252,7 @@ def build_app(
     return app
 
 
-def _node_list_query(request: web.Request) -> tuple[NodeState | None, int | None, int]:
+def _node_list_query(request: web.Request, limits: PageLimits) -> NodeQuery:
     query = request.query
     for key in query:
         if key not in NODE_LIST_PARAMS:
@@ -222,9 +268,20 @@ def _node_list_query(request: web.Request) -> tuple[NodeState | None, int | None
         if not matches:
             raise BadParameter("state", f"state must be one of {list(NODE_STATES)}, got {raw!r}")
         state = matches[0]
-    limit = _non_negative_int(query, "limit")
-    offset = _non_negative_int(query, "offset")
-    return state, limit, offset or 0
+    name = query.get("name")
+    if name is not None and not _NAME_FILTER.fullmatch(name):
+        raise BadParameter(
+            "name", f"name must be a node name prefix or a glob (* ? [...]), got {name!r}"
+        )
+    digest = query_digest("nodes", {"state": state, "name": name})
+    try:
+        limit = parse_limit(query.get("limit"), limits)
+        token = query.get("continue")
+        after = None if token is None else decode_continue(token, digest, (str,))
+    except PagingError as exc:
+        raise BadParameter(exc.field, exc.message) from exc
+    offset = _non_negative_int(query, "offset") or 0
+    return NodeQuery(state=state, name=name, limit=limit, offset=offset, after=after, digest=digest)
 
 
 def _non_negative_int(query: MultiMapping[str], key: str) -> int | None:

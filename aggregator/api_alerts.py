@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -21,6 +22,16 @@ from aggregator.alerts.delivery import Event, StreamClient
 from aggregator.alerts.engine import AlertEngine
 from aggregator.alerts.lifecycle import FLEET_NODE, listed
 from aggregator.httperrors import BadParameter, json_response
+from aggregator.paging import (
+    Key,
+    PageLimits,
+    PagingError,
+    decode_continue,
+    encode_continue,
+    parse_limit,
+    query_digest,
+    window,
+)
 from aggregator.rules.finding import Finding
 from proto.codec import to_json
 from proto.messages import Alert
@@ -29,6 +40,8 @@ from proto.subjects import InvalidNodeName, validate_node_name
 SEVERITIES: Final = ("critical", "warning", "info")
 STATUSES: Final = ("firing", "resolved")
 FINDING_PARAMS: Final = ("node", "rule", "severity")
+FINDING_LIST_PARAMS: Final = (*FINDING_PARAMS, "limit", "continue")
+FINDING_KEY: Final = (int, str, str, str)  # severity rank, node ("" fleet-wide), rule, subject
 ALERT_PARAMS: Final = ("node", "rule", "severity", "status")
 _RULE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # fullmatch: `$` would let "x\n" through
 
@@ -94,24 +107,68 @@ def _sorted_alerts(alerts: Iterable[Alert]) -> list[Alert]:
     )
 
 
-def _sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
-    rank = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(findings, key=lambda f: (rank[f.severity], f.node or "", f.rule, f.subject))
+def _finding_key(finding: Finding, rank: dict[str, int]) -> Key:
+    return (rank[finding.severity], finding.node or "", finding.rule, finding.subject)
+
+
+class _SortedFindings:
+    """One evaluation's findings sorted by key, sorted again only when the engine replaces
+    its findings tuple (once per rule evaluation, not per request)."""
+
+    def __init__(self) -> None:
+        self.source: tuple[Finding, ...] | None = None
+        self.keys: list[Key] = []
+        self.items: list[Finding] = []
+
+    def of(self, findings: tuple[Finding, ...]) -> _SortedFindings:
+        if findings is not self.source:
+            rank = {s: i for i, s in enumerate(SEVERITIES)}
+            pairs = sorted(((_finding_key(f, rank), f) for f in findings), key=lambda p: p[0])
+            self.keys = [k for k, _ in pairs]
+            self.items = [f for _, f in pairs]
+            self.source = findings
+        return self
 
 
 class _AlertApi:
     def __init__(self, engine: AlertEngine, settings: StreamSettings) -> None:
         self.engine = engine
         self.settings = settings
+        self.page_limits = PageLimits()
+        self.sorted = _SortedFindings()
 
     async def findings(self, request: web.Request) -> web.Response:
-        filters = parse_filters(request, FINDING_PARAMS)
-        items = [
-            f
-            for f in _sorted_findings(self.engine.findings)
-            if filters.keep(f.rule, f.severity, f.node, None)
-        ]
-        body = {"items": items, "count": len(items), "evaluated_at": self.engine.evaluated_at}
+        filters = parse_filters(request, FINDING_LIST_PARAMS)
+        digest = query_digest(
+            "findings", {"node": filters.node, "rule": filters.rule, "severity": filters.severity}
+        )
+        try:
+            limit = parse_limit(request.query.get("limit"), self.page_limits)
+            token = request.query.get("continue")
+            after = None if token is None else decode_continue(token, digest, FINDING_KEY)
+        except PagingError as exc:
+            raise BadParameter(exc.field, exc.message) from exc
+        found = self.sorted.of(self.engine.findings)
+        keys, items = found.keys, found.items
+        if filters.node is None and filters.rule is None and filters.severity is not None:
+            rank = SEVERITIES.index(filters.severity)  # sorted by rank first: one slice
+            lo, hi = bisect_left(keys, (rank,)), bisect_left(keys, (rank + 1,))
+            keys, items = keys[lo:hi], items[lo:hi]
+        elif filters.node is not None or filters.rule is not None or filters.severity is not None:
+            kept = [
+                i for i, f in enumerate(items) if filters.keep(f.rule, f.severity, f.node, None)
+            ]
+            keys, items = [keys[i] for i in kept], [items[i] for i in kept]
+        page = window(keys, after, limit)
+        shown = items[page.start : page.end]
+        body: dict[str, object] = {
+            "items": shown,
+            "count": len(shown),
+            "total": page.total,
+            "evaluated_at": self.engine.evaluated_at,
+        }
+        if page.after is not None:
+            body["continue"] = encode_continue(page.after, digest)
         return json_response(body)
 
     async def alerts(self, request: web.Request) -> web.Response:

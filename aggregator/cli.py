@@ -25,6 +25,7 @@ from aggregator.logs import FORMATS, LEVELS, LogFormat, configure_logging
 from aggregator.natskeys import nats_auth
 from aggregator.reviewflags import token_review_options
 from aggregator.service import AggregatorService, AggregatorSettings
+from aggregator.shards import ShardSettings
 from aggregator.tokenreview import ReviewSettings
 from aggregator.validationflags import ValidationFlags, validation_options, with_validation_flags
 from proto.natsconnect import NatsClientSecurity
@@ -134,6 +135,14 @@ def main() -> None:
 )
 @validation_options
 @click.option(
+    "--partitions",
+    type=click.IntRange(0, 1024),
+    default=0,
+    show_default=True,
+    help="Run as one replica of a sharded aggregator: node subjects are split in N "
+    "partitions by nats-server (`nats-auth --partitions N`, docs/scaling.md). 0: one process.",
+)
+@click.option(
     "--api-token-file",
     type=click.Path(path_type=Path, dir_okay=False),
     help="Require 'Authorization: Bearer <token>' on the API (all but /healthz, /readyz). "
@@ -177,6 +186,7 @@ def run(
     kube_api: str | None,
     identity: str | None,
     validation_flags: ValidationFlags,
+    partitions: int,
     api_token_file: Path | None,
     metrics_public: bool,
     api_token_review: ReviewSettings | None,
@@ -257,6 +267,7 @@ def run(
         policy_file=policy_file,
         api_auth=api_auth,
         api_token_review=api_token_review,
+        shards=ShardSettings(partitions=partitions),
         alerts=AlertWiring(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
         ),

@@ -138,6 +138,11 @@ class Fleet:
         """All records sorted by node name (a copy; safe to hold across updates)."""
         return [self._records[name] for name in sorted(self._records)]
 
+    def forget(self, name: str) -> NodeRecord | None:
+        """Drop a node (a sharded replica releasing its partition, docs/scaling.md)."""
+        self._counter_bases.pop(name, None)
+        return self._records.pop(name, None)
+
     def load(self, record: NodeRecord) -> None:
         """Install a record as-is (rebuilding from KV on start); replaces any existing one."""
         self._records[record.name] = record

@@ -60,7 +60,7 @@ class Identity:
     node: str | None = None
 
 
-def agent_permissions(node: str) -> Permissions:
+def agent_permissions(node: str, *, partitioned: bool = False) -> Permissions:
     """Publish its own node subjects; read its own desired-config key, its own inbox and
     the aggregator's resync requests (which it may not publish).
 
@@ -69,9 +69,13 @@ def agent_permissions(node: str) -> Permissions:
     node's key from another's; an unnamed create would have to be allowed for all keys.
     """
     token = subjects.node_token(node)
+    # nats-server checks publish permissions on the *mapped* subject (2.15, tested in
+    # tests/integration/test_shards.py): with partitions, its own node's partition subjects.
+    mapped = (subjects.partition_subject("*", token, ">"),) if partitioned else ()
     return Permissions(
         publish_allow=(
             f"{subjects.PREFIX}.node.{token}.>",
+            *mapped,
             f"$JS.API.STREAM.INFO.{CONFIG_STREAM}",
             f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.*.$KV.{subjects.KV_CONFIG}.{token}",
         ),
@@ -94,8 +98,12 @@ def aggregator_permissions() -> Permissions:
         ),
         publish_deny=(NODE_SUBJECTS, subjects.PARTITION_WILDCARD),
         # Partitioned node subjects (docs/scaling.md) and the replicas' shard summaries.
-        subscribe_allow=(NODE_SUBJECTS, "_INBOX.>", subjects.PARTITION_WILDCARD,
-                         subjects.SHARD_SUMMARY_WILDCARD),
+        subscribe_allow=(
+            NODE_SUBJECTS,
+            "_INBOX.>",
+            subjects.PARTITION_WILDCARD,
+            subjects.SHARD_SUMMARY_WILDCARD,
+        ),
     )
 
 
@@ -108,11 +116,11 @@ def validator_permissions() -> Permissions:
     return Permissions(publish_allow=(subjects.VALIDATION_WILDCARD,), subscribe_deny=(">",))
 
 
-def permissions_for(identity: Identity) -> Permissions:
+def permissions_for(identity: Identity, *, partitioned: bool = False) -> Permissions:
     if identity.role is Role.AGENT:
         if identity.node is None:
             raise ValueError("an agent identity needs its node")
-        return agent_permissions(identity.node)
+        return agent_permissions(identity.node, partitioned=partitioned)
     if identity.role is Role.AGGREGATOR:
         return aggregator_permissions()
     if identity.role is Role.VALIDATOR:
@@ -137,8 +145,8 @@ def partition_mappings(partitions: int) -> dict[str, str]:
         raise ValueError(f"partitions must be in [0, {MAX_PARTITIONS}], got {partitions}")
     if not partitions:
         return {}
-    target = subjects.partition_subject("{{partition(%d,1)}}" % partitions,
-                                        "{{wildcard(1)}}", "{{wildcard(2)}}")  # fmt: skip
+    part = "{{partition(" + str(partitions) + ",1)}}"
+    target = subjects.partition_subject(part, "{{wildcard(1)}}", "{{wildcard(2)}}")
     return {subjects.NODE_WILDCARD: target}
 
 
@@ -164,7 +172,10 @@ def render_server_config(
         if not (identity.public_key.startswith("U") and len(identity.public_key) == 56):
             raise ValueError(f"{identity.public_key!r} is not an NKey user public key")
     users = [
-        {"nkey": i.public_key, "permissions": permissions_for(i).as_config()}
+        {
+            "nkey": i.public_key,
+            "permissions": permissions_for(i, partitioned=partitions > 0).as_config(),
+        }
         for i in sorted(identities, key=lambda i: (i.role, i.node or "", i.public_key))
     ]
     doc: dict[str, Any] = {"authorization": {"users": users}}

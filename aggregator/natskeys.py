@@ -80,6 +80,7 @@ def provision(
     rotate: bool = False,
     tls: ServerTls | None = None,
     observers: tuple[str, ...] = (),
+    partitions: int = 0,  # sharded aggregators: the node subject mapping (docs/scaling.md)
 ) -> Provisioned:
     """Seeds for the aggregator and every node under `out`, and the server config.
 
@@ -109,7 +110,7 @@ def provision(
             identities.append(Identity(role, key, node))
             seeds[role][name] = path
     config = out / SERVER_CONFIG
-    text = render_server_config(tuple(identities), tls=tls)
+    text = render_server_config(tuple(identities), tls=tls, partitions=partitions)
     tmp = config.with_name(config.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(config)
@@ -152,6 +153,9 @@ def _nodes_from_file(path: Path) -> list[str]:
               help="CA that signs client certificates (with --tls-cert).")  # fmt: skip
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: a summary of what was written.")  # fmt: skip
+@click.option("--partitions", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Map node subjects to N partitions for sharded aggregators "
+              "(`run --partitions N`, docs/scaling.md).")  # fmt: skip
 def nats_auth(
     nodes: tuple[str, ...],
     nodes_file: Path | None,
@@ -162,6 +166,7 @@ def nats_auth(
     tls_key: Path | None,
     tls_ca: Path | None,
     output: str,
+    partitions: int,
 ) -> None:
     """Write NKey seeds (aggregator + one per node) and the nats-server authorization
     config granting each agent only its own subjects. Existing seeds are kept."""
@@ -185,7 +190,8 @@ def nats_auth(
         tls = ServerTls(cert_file=tls_cert.resolve(), key_file=tls_key.resolve(),
                         ca_file=tls_ca.resolve() if tls_ca else None)  # fmt: skip
     try:
-        done = provision(out, tuple(names), rotate=rotate, tls=tls, observers=observers)
+        done = provision(out, tuple(names), rotate=rotate, tls=tls, observers=observers,
+                         partitions=partitions)  # fmt: skip
     except (NatsSecurityError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if output == "json":

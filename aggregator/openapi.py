@@ -17,6 +17,7 @@ from aggregator.api_chain import MAX_RESOURCE_LENGTH, ResourceList
 from aggregator.apiauth import METRICS_PATH, OPEN_PATHS, is_ui_path
 from aggregator.fleet import NODE_STATES, NodeDetail, NodeSummary
 from aggregator.httperrors import ErrorBody
+from aggregator.paging import MAX_TOKEN_LENGTH, PageLimits
 from aggregator.reconciler import ReconcileReport
 from aggregator.rules.finding import Finding
 from aggregator.trace import Trace
@@ -41,6 +42,8 @@ NODE_NAME: Final[Schema] = {
     "maxLength": 253,
     "pattern": rf"^{_LABEL}(\.{_LABEL})*$",
 }
+# /api/v1/nodes?name=: a prefix of node names, or a glob (fnmatch: * ? [...] [!...]).
+NODE_NAME_FILTER: Final[Schema] = {"type": "string", "pattern": r"^[a-z0-9.*?\[\]!-]{1,253}$"}
 RESOURCE_NAME: Final[Schema] = {
     "type": "string",
     "minLength": 3,
@@ -89,13 +92,30 @@ ALERT_NODE = _query(
 )
 ALERT_RULE = _query("rule", {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"}, "Rule id.")
 ALERT_SEVERITY = _query("severity", {"enum": list(SEVERITIES)}, "Severity.")
+PAGE: Final = PageLimits()
+CONTINUE_TOKEN: Final[Schema] = {
+    "type": "string",
+    "pattern": f"^[A-Za-z0-9_-]{{1,{MAX_TOKEN_LENGTH}}}$",
+    "description": "Opaque. Absent on the last page.",
+}
+PAGE_LIMIT = _query(
+    "limit",
+    {**INT, "minimum": 1, "maximum": PAGE.maximum, "default": PAGE.default},
+    "Page size.",
+)
+PAGE_CONTINUE = _query(
+    "continue",
+    CONTINUE_TOKEN,
+    "The `continue` of the previous page, with the same filters: the page after it.",
+)
 NODE_LIST: Final = _object(
     ("items", "count", "total", "offset", "limit"),
     items=_array(_ref("NodeSummary")),
     count=INT,
     total=INT,
     offset=INT,
-    limit={"anyOf": [INT, {"type": "null"}]},
+    limit=INT,
+    **{"continue": CONTINUE_TOKEN},
 )
 POLICY_VIEW: Final = _object(
     ("items", "count"),
@@ -109,10 +129,12 @@ POLICY_VIEW: Final = _object(
     errors=_array(STRING),
 )
 FINDINGS: Final = _object(
-    ("items", "count", "evaluated_at"),
+    ("items", "count", "total", "evaluated_at"),
     items=_array(_ref("Finding")),
     count=INT,
+    total=INT,
     evaluated_at={"anyOf": [NUMBER, {"type": "null"}]},
+    **{"continue": CONTINUE_TOKEN},
 )
 ALERTS: Final = _object(
     ("items", "count", "last_event_id"),
@@ -151,8 +173,14 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
         "summary": "Node summaries, sorted by name.",
         "parameters": [
             _query("state", {"enum": list(NODE_STATES)}, "Only nodes in this state."),
-            _query("limit", {**INT, "minimum": 0, "maximum": 999_999_999}, "Page size."),
-            _query("offset", {**INT, "minimum": 0, "maximum": 999_999_999}, "Page start."),
+            _query("name", NODE_NAME_FILTER, "Only names with this prefix, or matching this glob."),
+            PAGE_LIMIT,
+            PAGE_CONTINUE,
+            _query(
+                "offset",
+                {**INT, "minimum": 0, "maximum": 999_999_999},
+                "Skip this many (after `continue`'s position, if given).",
+            ),
         ],
         "responses": {"200": _json("A page of nodes.", NODE_LIST), "400": _error(BAD_QUERY)},
     },
@@ -178,8 +206,8 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
         "responses": {"200": _json("Policies.", POLICY_VIEW)},
     },
     "/api/v1/findings": {
-        "summary": "Current findings of the rule engine.",
-        "parameters": [ALERT_NODE, ALERT_RULE, ALERT_SEVERITY],
+        "summary": "Current findings of the rule engine, most severe first.",
+        "parameters": [ALERT_NODE, ALERT_RULE, ALERT_SEVERITY, PAGE_LIMIT, PAGE_CONTINUE],
         "responses": {"200": _json("Findings.", FINDINGS), "400": _error(BAD_QUERY)},
     },
     "/api/v1/alerts": {

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,9 @@ from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
-from aggregator.store import SnapshotWriter, load_nodes, open_bucket
+from aggregator.shardowner import ShardOwner
+from aggregator.shards import ShardSettings
+from aggregator.store import SnapshotWriter, StoredNode, load_nodes, open_bucket
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
 from aggregator.validation import ValidationSettings
 from aggregator.validations import TEMPLATE, ValidationRunner, ValidationStore, load_template
@@ -93,6 +95,8 @@ class AggregatorSettings:
     validation_template: Path = TEMPLATE
     # Resync requests to the agents after start/reconnect/dropped messages (docs/wire.md).
     resync: ResyncSettings = field(default_factory=ResyncSettings)
+    # --partitions: one replica of a sharded aggregator (docs/scaling.md); 0: all nodes here.
+    shards: ShardSettings = field(default_factory=ShardSettings)
 
 
 class AggregatorService:
@@ -126,6 +130,7 @@ class AggregatorService:
         self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
         self.validations: ValidationRunner | None = None  # set once NATS is up (run)
         self.resync: ResyncRequester | None = None  # set once node messages are subscribed
+        self.shard: ShardOwner | None = None  # sharded: this replica's partitions (run)
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
         self.metrics.watch_fleet(
@@ -172,7 +177,8 @@ class AggregatorService:
                 on_change=self.changes.publish,
             )
             count = 0
-            async for stored in load_nodes(kv):
+            sharded = bool(self.settings.shards.partitions)  # its partitions' nodes: ShardOwner
+            async for stored in load_nodes(kv) if not sharded else _no_nodes():
                 self.fleet.apply_snapshot(stored.snapshot, stored.received_at)
                 count += 1
             self._loaded = True
@@ -181,12 +187,24 @@ class AggregatorService:
             async def on_message(msg: Msg) -> None:
                 ingest.handle(msg.subject, msg.data)
 
-            await nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
+            if not sharded:  # sharded: ShardOwner subscribes to its partitions
+                await nc.subscribe(
+                    subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000
+                )
             # Changes published while we were away (or loading) are only re-sent on request.
             self.resync = ResyncRequester(
                 nc, self.settings.resync, nodes=lambda: len(self.fleet), clock=self.clock
             )
             self.resync.request("start")
+            if sharded:  # docs/scaling.md
+                resync = self.resync
+                self.shard = ShardOwner(
+                    nc, self.settings.shards, identity=self.settings.identity, fleet=self.fleet,
+                    nodes_kv=kv, handle=ingest.handle, on_change=self.changes.publish,
+                    resync=lambda: resync.request("shard-takeover"), clock=self.clock,
+                    extra=lambda: self.nvidia_findings,
+                )  # fmt: skip
+                await self.shard.start()
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
             policy_source: PolicySource
             lease: LeaseStore
@@ -234,7 +252,8 @@ class AggregatorService:
                 registry=self.metrics.registry,
                 clock=self.clock,
                 wiring=self.settings.alerts,
-                evaluate=self._rules,
+                evaluate=self._rules or (self.shard.rules.evaluate if self.shard else None),
+                timings=self.shard.rules.timings if self.shard and not self._rules else None,
                 events=NodeEvents(kube) if kube is not None else None,
                 extra_findings=lambda: self.nvidia_findings,
                 is_leader=lambda: leader.is_leader,
@@ -257,6 +276,8 @@ class AggregatorService:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._writer.run(stop))
                 tasks.create_task(self.resync.run(stop))
+                if self.shard is not None:
+                    tasks.create_task(self.shard.run(stop))
                 tasks.create_task(policy_source.run(stop))
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
@@ -412,6 +433,11 @@ class AggregatorService:
         doc = {"api_url": self.api_url, "nats_url": self.nats_url, "pid": os.getpid()}
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
+
+
+async def _no_nodes() -> AsyncIterator[StoredNode]:
+    return
+    yield  # an empty async generator (a sharded replica loads its partitions' nodes)
 
 
 def _no_cluster() -> ClusterView:

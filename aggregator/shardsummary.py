@@ -37,9 +37,7 @@ def hashable(value: object) -> Hashable:
     return value  # str, int, float, bool, None
 
 
-def merge_remote(
-    summaries: Iterable[ShardSummary], owners: Mapping[int, str], me: str
-) -> Remote:
+def merge_remote(summaries: Iterable[ShardSummary], owners: Mapping[int, str], me: str) -> Remote:
     """Counts of every partition from the summary of the replica that owns it now (not
     `me`, whose own nodes are counted locally); other partitions' votes are dropped."""
     merged: Remote = {}
@@ -106,7 +104,9 @@ class ShardRules:
         *,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
     ) -> list[Finding]:
-        local = self._node_rules.evaluate(fleet, policies, cluster, now, thresholds=self._local(thresholds))
+        local = self._node_rules.evaluate(
+            fleet, policies, cluster, now, thresholds=self._local(thresholds)
+        )
         context = (policies, cluster, thresholds)
         if self._context is None or any(
             a is not b and a != b for a, b in zip(self._context, context, strict=True)

@@ -10,12 +10,14 @@ by a message the fleet rejected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Final
 
+from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
@@ -52,24 +54,28 @@ async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> Ke
 
 
 async def load_nodes(kv: KeyValue) -> AsyncIterator[StoredNode]:
-    """Every decodable node in the bucket; undecodable entries are logged and skipped."""
+    """Every decodable node in the bucket; undecodable entries are logged and skipped.
+
+    One pass over the bucket's stream (an ordered consumer, last value per key), not a
+    key listing plus one request per key: at 10,000 nodes the round trips dominated.
+    """
     try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return  # an empty bucket
-    except JetStreamError as exc:
-        raise StoreError(f"cannot list keys of KV bucket: {exc}") from exc
-    for key in keys:
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            continue
-        if entry.value is None:
-            continue
-        try:
-            yield decode(entry.value, StoredNode)
-        except CodecError as exc:
-            log.warning("skipping undecodable KV entry %s: %s", key, exc)
+        watcher = await kv.watchall(ignore_deletes=True)
+    except (TimeoutError, JetStreamError, NatsError) as exc:
+        raise StoreError(f"cannot read KV bucket: {exc}") from exc
+    try:
+        async for entry in watcher:
+            if entry is None:
+                return  # the initial values are done
+            if not entry.value:
+                continue
+            try:
+                yield decode(entry.value, StoredNode)
+            except CodecError as exc:
+                log.warning("skipping undecodable KV entry %s: %s", entry.key, exc)
+    finally:
+        with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
+            await watcher.stop()  # type: ignore[no-untyped-call]
 
 
 class SnapshotWriter:

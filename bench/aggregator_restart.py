@@ -1,9 +1,11 @@
 """Benchmark: aggregator restart time with N nodes stored in the `nicfleet-nodes` KV bucket.
 
-A real nats-server; the bucket seeded with N copies of a rendered lab node's snapshot;
+A real nats-server; the bucket seeded with N copies of a rendered 12-NIC lab node's snapshot;
 then, per run, `python -m aggregator run` is started and timed until its ready file
 appears (NATS connect, fleet rebuilt from KV, API up), and killed with SIGKILL.
-A script for docs/reliability.md, never a test. Run: .venv/bin/python bench/aggregator_restart.py
+Variants in the same run, interleaved: `current` (the code as it is) and `legacy` (the same
+process with the KV load of before: key listing + one get per key). Also times the bare
+KV load in-process. Never a test. Run: .venv/bin/python bench/aggregator_restart.py --json
 """
 
 from __future__ import annotations
@@ -11,50 +13,105 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
+import platform
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, Final
 
 import msgspec
 import nats
+from nats.js.kv import KeyValue
 
-from agent.inventory import collect_snapshot
-from agent.lab.render import render
-from agent.lab.spec import load_builtin, with_node_name
-from agent.sysfs import Sysfs
-from aggregator.natsserver import NatsServer, NatsServerSettings
-from aggregator.store import StoredNode, open_bucket
-from proto import subjects
-from proto.codec import encode
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-REPO = Path(__file__).resolve().parents[1]
+from agent.inventory import collect_snapshot  # noqa: E402
+from agent.lab.render import render  # noqa: E402
+from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
+from agent.sysfs import Sysfs  # noqa: E402
+from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.store import StoredNode, load_nodes, open_bucket  # noqa: E402
+from proto import subjects  # noqa: E402
+from proto.codec import decode, encode  # noqa: E402
+from proto.inventory import NodeSnapshot  # noqa: E402
+
+TARGET_S: Final = 10.0
+VARIANTS: Final = ("legacy", "current")
+log = logging.getLogger("bench.aggregator_restart")
 
 
-async def seed(url: str, work: Path, count: int) -> None:
+async def legacy_load_nodes(kv: KeyValue) -> AsyncIterator[StoredNode]:
+    """The load path before issue 8: list the keys, then one KV get per key."""
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            continue
+        if entry.value is not None:
+            yield decode(entry.value, StoredNode)
+
+
+def snapshot_template(work: Path) -> bytes:
     root = work / "template"
     render(with_node_name(load_builtin("h100-ib-12nic"), "template"), root)
-    template = collect_snapshot(Sysfs(root), node="template", seq=1, now=1.0, agent_version="b")
+    snap = collect_snapshot(Sysfs(root), node="template", seq=1, now=1.0, agent_version="b")
+    return encode(snap)
+
+
+async def seed(url: str, template: bytes, count: int) -> int:
+    """Put `count` nodes (each a separately encoded copy); returns the bucket's bytes."""
+    tpl = decode(template, NodeSnapshot)
     nc = await nats.connect(url)
     try:
         kv = await open_bucket(nc.jetstream())
-        for i in range(count):
-            snap = msgspec.structs.replace(template, node=f"bench-{i:05d}")
-            stored = StoredNode(snapshot=snap, received_at=time.time())
-            await kv.put(subjects.node_token(snap.node), encode(stored))
+        for start in range(0, count, 64):
+            puts = []
+            for i in range(start, min(count, start + 64)):
+                snap = msgspec.structs.replace(tpl, node=f"bench-{i:05d}")
+                stored = StoredNode(snapshot=snap, received_at=time.time())
+                puts.append(kv.put(subjects.node_token(snap.node), encode(stored)))
+            await asyncio.gather(*puts)
+        status = await kv.status()
+        return int(status.stream_info.state.bytes)
     finally:
         await nc.close()
 
 
-def time_to_ready(url: str, work: Path, run: int, timeout: float = 120.0) -> float:
-    ready = work / f"ready-{run}"
-    args = [sys.executable, "-m", "aggregator", "run", "--nats-url", url,
-            "--listen", "127.0.0.1:0", "--ready-file", str(ready)]  # fmt: skip
+async def time_load(url: str, load: Callable[[KeyValue], AsyncIterator[StoredNode]]) -> float:
+    nc = await nats.connect(url)
+    try:
+        kv = await open_bucket(nc.jetstream())
+        started = time.perf_counter()
+        count = sum([1 async for _ in load(kv)])
+        elapsed = time.perf_counter() - started
+        assert count > 0
+        return elapsed
+    finally:
+        await nc.close()
+
+
+def aggregator_argv(variant: str, url: str, ready: Path) -> list[str]:
+    run = ["run", "--nats-url", url, "--listen", "127.0.0.1:0", "--ready-file", str(ready)]
+    if variant == "legacy":
+        return [sys.executable, __file__, "--serve-legacy", *run]
+    return [sys.executable, "-m", "aggregator", *run]
+
+
+def time_to_ready(argv: list[str], ready: Path, timeout: float = 180.0) -> float:
     started = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():
             if proc.poll() is not None:
@@ -68,34 +125,102 @@ def time_to_ready(url: str, work: Path, run: int, timeout: float = 120.0) -> flo
         proc.wait(timeout=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    opts = parser.parse_args()
+def profile_start(url: str, work: Path, out: Path) -> None:
+    """One `current` start under py-spy (raw collapsed stacks); SIGTERM once ready."""
+    ready = work / "ready-profile"
+    argv = [str(REPO / ".venv/bin/py-spy"), "record", "--rate", "100", "--format", "raw",
+            "-o", str(out), "--", *aggregator_argv("current", url, ready)]  # fmt: skip
+    spy = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        if spy.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("profiled aggregator did not become ready")
+        time.sleep(0.01)
+    child = subprocess.run(["pgrep", "-P", str(spy.pid)], capture_output=True, text=True)
+    for pid in child.stdout.split():
+        os.kill(int(pid), signal.SIGTERM)
+    spy.wait(timeout=60)
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def measure(nodes: int, runs: int, variants: list[str], profile: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="nicfleet-bench-") as tmp:
         work = Path(tmp)
+        template = snapshot_template(work)
         with NatsServer(NatsServerSettings(store_dir=work / "js")) as server:
-            asyncio.run(seed(server.url, work, opts.nodes))
-            empty_ready = time_to_ready(server.url, work, -1)  # warm-up (imports, caches)
-            times = [time_to_ready(server.url, work, run) for run in range(opts.runs)]
+            kv_bytes = asyncio.run(seed(server.url, template, nodes))
+            warmup = time_to_ready(aggregator_argv("current", server.url, work / "w"), work / "w")
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            loads: dict[str, list[float]] = {v: [] for v in variants}
+            for run in range(runs):  # interleaved, so load on the machine hits both alike
+                for v in variants:
+                    ready = work / f"ready-{v}-{run}"
+                    times[v].append(time_to_ready(aggregator_argv(v, server.url, ready), ready))
+                    load = legacy_load_nodes if v == "legacy" else load_nodes
+                    loads[v].append(asyncio.run(time_load(server.url, load)))
+            if profile is not None:
+                profile_start(server.url, work, profile)
+    return {
+        "nodes": nodes,
+        "runs": runs,
+        "snapshot_bytes": len(template),
+        "kv_bytes": kv_bytes,
+        "warmup_s": round(warmup, 3),
+        "time_to_ready_s": {v: stats(times[v]) for v in variants},
+        "kv_load_s": {v: stats(loads[v]) for v in variants},
+    }
+
+
+def serve_legacy(argv: list[str]) -> None:
+    """`python -m aggregator ARGV` with the legacy KV load (the `legacy` variant)."""
+    import aggregator.service
+
+    aggregator.service.load_nodes = legacy_load_nodes  # type: ignore[assignment]
+    from aggregator.cli import main as aggregator_main
+
+    sys.argv = ["aggregator", *argv]
+    aggregator_main()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-legacy":
+        serve_legacy(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--profile", type=Path, help="py-spy raw output of one start (largest N)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    opts = parser.parse_args()
+    variants = [v for v in opts.variants.split(",") if v]
+    sizes = []
+    for n in opts.nodes:
+        profile = opts.profile if n == max(opts.nodes) else None
+        sizes.append(measure(n, opts.runs, variants, profile))
+        print(json.dumps(sizes[-1]), file=sys.stderr)
     result = {
         "benchmark": "aggregator_restart",
-        "nodes": opts.nodes,
-        "runs": opts.runs,
-        "time_to_ready_s": {
-            "median": round(statistics.median(times), 3),
-            "min": round(min(times), 3),
-            "max": round(max(times), 3),
-        },
-        "warmup_s": round(empty_ready, 3),
-    }
+        "target_s": TARGET_S,
+        "sizes": sizes,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg": [round(x, 2) for x in os.getloadavg()]},
+    }  # fmt: skip
     if opts.json:
-        print(json.dumps(result))
-    else:
-        print(f"time to ready with {opts.nodes} nodes in KV: median "
-              f"{result['time_to_ready_s']['median']} s over {opts.runs} runs")  # fmt: skip
+        print(json.dumps(result, indent=2))
+        return
+    for size in sizes:
+        for v in variants:
+            ready, load = size["time_to_ready_s"][v], size["kv_load_s"][v]
+            print(f"{size['nodes']} nodes, {v}: ready in {ready['median']} s "
+                  f"(KV load {load['median']} s), median of {size['runs']}")  # fmt: skip
 
 
 if __name__ == "__main__":

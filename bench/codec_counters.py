@@ -78,8 +78,10 @@ def ingest_cpu(full: CounterBatch, encoder: Callable[[Any], bytes], runs: int) -
     return round(statistics.median(results), 1)
 
 
-def measure(shape: NodeShape, loops: int, runs: int) -> dict[str, Any]:
+def measure(shape: NodeShape, loops: int, runs: int, ingest_only: bool = False) -> dict[str, Any]:
     full = codec.decode(build_templates(shape).counters, CounterBatch)
+    if ingest_only:
+        return {"ingest_full_map_us": ingest_cpu(full, encode_map, runs)}
     delta = delta_against(full, busy_round(full))
     assert delta is not None
     out: dict[str, Any] = {"ports": len(full.ports)}
@@ -117,10 +119,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="runs (median)")
     parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
     parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
+    parser.add_argument("--ingest-only", action="store_true", help="Ingest.handle, map form")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     shape = NodeShape(counters=args.counters, hw_counters=args.hw_counters)
-    result = measure(shape, args.loops, args.runs)
+    result = measure(shape, args.loops, args.runs, args.ingest_only)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import signal
 import statistics
 import subprocess
@@ -27,10 +28,13 @@ from typing import Any, Final
 
 import nats
 import yaml
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.kv import KV_MARKER_REASON, KV_OP
 
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agent.desired import CONFIG_STREAM  # noqa: E402
 from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.codec import decode, encode  # noqa: E402
@@ -69,7 +73,10 @@ def policy_text(hca_max: int) -> str:
 async def sim_agent(
     nc: nats.NATS, node: str, ready: asyncio.Event, count: list[int], setup: asyncio.Semaphore
 ) -> None:
+    """Like agent/desired.py: a named consumer filtered on the node's own key (last value,
+    then updates, no acks); the callback reports the new generation at once."""
     subject = subjects.node_subject(node, subjects.STATUS)
+    token = subjects.node_token(node)
 
     async def report(generation: int, advertised: int) -> None:
         status = DevicePluginStatus(
@@ -82,24 +89,36 @@ async def sim_agent(
         )  # fmt: skip
         await nc.publish(subject, encode(status))
 
+    async def on_entry(msg: Any) -> None:
+        if msg.headers and (msg.headers.get(KV_OP) or msg.headers.get(KV_MARKER_REASON)):
+            return  # a delete or purge
+        if not msg.data:
+            return
+        desired = decode(msg.data, DesiredConfig)
+        await report(desired.generation, desired.device_plugin.config_list[0].rdma_hca_max)
+
     await report(0, 0)  # makes the node known to the aggregator
-    while True:  # a thousand watches created at once time out the JetStream API: pace them
+    config = ConsumerConfig(
+        name=f"desired-{token}-{secrets.token_hex(4)}",
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        num_replicas=1,
+    )
+    while True:  # thousands of consumers created at once time out the JetStream API: pace
         try:
             async with setup:
-                kv = await nc.jetstream().key_value(subjects.KV_CONFIG)
-                watcher = await kv.watch(subjects.node_token(node))
+                await nc.jetstream().subscribe(
+                    f"$KV.{subjects.KV_CONFIG}.{token}", stream=CONFIG_STREAM, config=config,
+                    cb=on_entry,
+                )  # fmt: skip
             break
-        except (nats.js.errors.BucketNotFoundError, nats.errors.TimeoutError, TimeoutError):
+        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError, TimeoutError):
             await asyncio.sleep(0.2)
     count[0] += 1
     if count[0] == count[1]:
         ready.set()
-    async for entry in watcher:
-        if entry is None or entry.operation is not None or not entry.value:
-            continue
-        desired = decode(entry.value, DesiredConfig)
-        hca = desired.device_plugin.config_list[0].rdma_hca_max
-        await report(desired.generation, hca)
 
 
 async def sim_main(url: str, first: int, count: int, ready_file: Path) -> None:
@@ -188,9 +207,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 [sys.executable, __file__, "--sim", server.url, str(first), str(count), str(ready)],
             ))  # fmt: skip
         for p in range(args.procs):
-            await wait_file(work / f"sim-{p}.ready", procs[1 + p], 300)
+            await wait_file(work / f"sim-{p}.ready", procs[1 + p], 300 + args.agents / 20)
         setup_s = time.monotonic() - started
-        await wait_all(latest, args.agents, 1, timeout=120)
+        await wait_all(latest, args.agents, 1, timeout=120 + args.agents / 50)
         changes = []
         for change in range(args.changes):
             generation = change + 2
@@ -200,7 +219,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             tmp = policy.with_name("policy.yaml.tmp")
             tmp.write_text(policy_text(generation))
             tmp.replace(policy)
-            await wait_all(latest, args.agents, generation, timeout=60)
+            await wait_all(latest, args.agents, generation, timeout=60 + args.agents / 50)
             lat = [arrivals[n] - t0 for n in arrivals]
             changes.append({
                 "p50_s": round(quantile(lat, 0.5), 3), "p99_s": round(quantile(lat, 0.99), 3),

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -40,7 +41,11 @@ from proto.policy import Policy
 
 log = logging.getLogger(__name__)
 
-Evaluate = Callable[[Fleet, tuple[Policy, ...], ClusterView, float], Sequence[Finding]]
+# May be a coroutine function: a slow evaluation then awaits a worker thread, not the loop.
+Evaluate = Callable[
+    [Fleet, tuple[Policy, ...], ClusterView, float],
+    Sequence[Finding] | Awaitable[Sequence[Finding]],
+]
 # Per-rule `for`/`clear` from the policies' `alerts` sections (absent rule: the default).
 Timings = Callable[[tuple[Policy, ...]], Mapping[str, RuleTiming]]
 EventType = Literal["Normal", "Warning"]
@@ -165,7 +170,10 @@ class AlertEngine:
         now = self._clock()
         policies = self._policies()
         try:
-            findings = tuple(self._evaluate(self.fleet, policies, self._cluster(), now))
+            evaluated = self._evaluate(self.fleet, policies, self._cluster(), now)
+            if inspect.isawaitable(evaluated):
+                evaluated = await evaluated
+            findings = tuple(evaluated)
         except Exception:
             # A rule bug must not stop alerting on everything else, nor resolve all alerts.
             log.exception("rule evaluation failed; keeping the previous findings")

@@ -2,13 +2,18 @@
 broker, optional Alertmanager sender, and the rule evaluation it runs.
 
 Only wiring; the parts live in their own modules. `AllRules` runs every rule of
-`aggregator.rules.registry` (incrementally) with the policies' `alerts` thresholds/timings.
+`aggregator.rules.registry` (incrementally) with the policies' `alerts` thresholds/timings;
+a full recomputation runs in a worker thread so that ingest and the API keep going.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -28,7 +33,7 @@ from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore, load_states
 from aggregator.changes import Subscription
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import Fleet
+from aggregator.fleet import Fleet, NodeRecord
 from aggregator.kube import KubeClient
 from aggregator.rules.finding import Finding
 from aggregator.rules.incremental import IncrementalRules
@@ -52,6 +57,11 @@ class NodeEvents:
         )
 
 
+# Changed nodes an evaluation may recompute on the event loop (well under 1 ms each); more
+# (after a burst, or agents' 1 s counter batches at thousands of nodes) go to a thread.
+MAX_ON_LOOP: Final = 100
+
+
 class AllRules:
     """The real rule set; thresholds and timings parsed once per policy tuple."""
 
@@ -62,6 +72,7 @@ class AllRules:
         # Same findings as registry.evaluate, re-run only for nodes changed since the last
         # call (and time rules on every tick); policies/cluster/thresholds changing: all.
         self._incremental = IncrementalRules()
+        self._worker: asyncio.Future[list[Finding]] | None = None  # a full evaluation in a thread
 
     def _parsed(self, policies: tuple[Policy, ...]) -> tuple[Thresholds, tuple[Finding, ...]]:
         if policies is not self._policies:
@@ -79,12 +90,76 @@ class AllRules:
         extra = self._extra() if self._extra is not None else ()
         return [*problems, *found, *extra]
 
+    @property
+    def full_evaluation_running(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    async def evaluate_async(
+        self, fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+    ) -> Sequence[Finding]:
+        """`evaluate`, except that a full recomputation (first call, new policies, cluster
+        labels or thresholds) or one of more than MAX_ON_LOOP changed nodes runs in a
+        worker thread, over a copy of the fleet's (immutable) records, while the event loop
+        keeps ingesting: its findings are exactly those of the fleet when the copy was
+        taken; the next call catches up with what changed meanwhile."""
+        if self._worker is not None:  # an abandoned one still finishing its current rule
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._worker)
+            self._worker = None
+        thresholds, problems = self._parsed(policies)
+        incremental = self._incremental
+        records = dict(fleet.view())  # a cheap copy: ingest replaces records, never mutates
+        if (
+            not incremental.starts_over(policies, cluster, thresholds)
+            and incremental.pending(records) <= MAX_ON_LOOP
+        ):
+            return self.evaluate(fleet, policies, cluster, now)
+        found = await self._in_thread(records, policies, cluster, now, thresholds)
+        extra = self._extra() if self._extra is not None else ()
+        return [*problems, *found, *extra]
+
+    async def _in_thread(
+        self,
+        records: Mapping[str, NodeRecord],
+        policies: tuple[Policy, ...],
+        cluster: ClusterView,
+        now: float,
+        thresholds: Thresholds,
+    ) -> list[Finding]:
+        abandon = threading.Event()
+        worker: asyncio.Future[list[Finding]] = asyncio.ensure_future(
+            asyncio.to_thread(
+                self._incremental.evaluate,
+                records,
+                policies,
+                cluster,
+                now,
+                thresholds=thresholds,
+                abandon=abandon.is_set,
+            )
+        )
+        worker.add_done_callback(_retrieve)
+        self._worker = worker
+        try:
+            found = await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            abandon.set()  # the thread stops at its next rule; the next call waits
+            raise
+        self._worker = None
+        return found
+
     def timings(self, policies: tuple[Policy, ...]) -> Mapping[str, RuleTiming]:
         thresholds, _ = self._parsed(policies)
         return {
             rule: RuleTiming(for_s=s.for_s, clear_s=s.resolve_s)
             for rule, s in thresholds.rules.items()
         }
+
+
+def _retrieve(done: asyncio.Future[list[Finding]]) -> None:
+    """Mark an abandoned worker's outcome as seen (its exception is expected)."""
+    if not done.cancelled():
+        done.exception()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +190,7 @@ async def open_alert_engine(
     """
     if evaluate is None:
         rules = AllRules(extra_findings)
-        evaluate, timings = rules.evaluate, timings or rules.timings
+        evaluate, timings = rules.evaluate_async, timings or rules.timings
     kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
     metrics = AlertMetrics.create(registry)
     # Event ids start at the wall clock in ms so that they keep increasing across restarts

@@ -47,7 +47,7 @@ NONE: Final = "-"
 
 class _AlertsClient(AggregatorClient):
     def findings(self, params: dict[str, str]) -> dict[str, Any]:
-        return self._get("/api/v1/findings", params)
+        return self.get_all("/api/v1/findings", params)
 
     def alerts(self, params: dict[str, str]) -> dict[str, Any]:
         return self._get("/api/v1/alerts", params)

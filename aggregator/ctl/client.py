@@ -26,6 +26,7 @@ from aggregator.ctl.config import Settings
 from aggregator.fleet import NodeDetail, NodeSummary
 
 DEFAULT_TIMEOUT: Final = 10.0
+MAX_PAGES: Final = 10_000  # a server that never ends its `continue` chain is an error
 # Where the `cli` group leaves the token (`--token-file`) for every command's client.
 TOKEN_META_KEY: Final = "nicfleet.token"
 # ... and the resolved Settings (server, token file and where each came from).
@@ -165,7 +166,23 @@ class AggregatorClient:
 
     def list_nodes(self, *, state: str | None = None) -> dict[str, Any]:
         params = {"state": state} if state is not None else {}
-        return self._get("/api/v1/nodes", params)
+        return self.get_all("/api/v1/nodes", params)
+
+    def get_all(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        """A paged list (`items`, `continue`) followed to its last page: the last page's
+        body with every page's items, `count` = all of them and no `continue`. Pages of
+        the server's default size, so a one-page answer is exactly the API's JSON."""
+        items: list[Any] = []
+        query = dict(params)
+        for _ in range(MAX_PAGES):
+            body = self._get(path, query)
+            page = body.get("items")
+            items.extend(page if isinstance(page, list) else ())
+            token = body.pop("continue", None)
+            if not isinstance(token, str):
+                return {**body, "items": items, "count": len(items)}
+            query = {**query, "continue": token}
+        raise ApiError(f"{self.server}{path} kept answering `continue` for {MAX_PAGES} pages")
 
     def get_node(self, name: str) -> dict[str, Any]:
         return self._get(f"/api/v1/nodes/{name}", {})

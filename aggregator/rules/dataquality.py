@@ -66,38 +66,46 @@ def check_data_quality(
 def _snapshot_problems(
     node: str, snap: NodeSnapshot, problems: dict[tuple[str, str], list[str]]
 ) -> None:
-    host = problems.setdefault((node, "snapshot"), [])
+    # Lists are created only for subjects with a problem: this runs for every node and
+    # port of the fleet, almost all of them fine.
+    host: list[str] = []
     if not math.isfinite(snap.collected_at):
         host.append(f"collected_at is {snap.collected_at}")
     host.extend(f"{e.path}: {e.error}" for e in snap.errors)
-    topo_gpus = {r.gpu for r in snap.gpu_nic_topology}
-    if snap.devices:
+    if snap.devices and snap.gpus:
+        topo_gpus = {r.gpu for r in snap.gpu_nic_topology}
         host.extend(
             f"no GPU<->NIC topology for GPU {g.pci_address}"
             for g in snap.gpus
             if g.pci_address not in topo_gpus
         )
+    if host:
+        problems.setdefault((node, "snapshot"), []).extend(host)
     for device in snap.devices:
-        own = problems.setdefault((node, device.name), [])
-        own.extend(f"{e.path}: {e.error}" for e in device.errors)
+        own = [f"{e.path}: {e.error}" for e in device.errors]
         if device.fw_ver is not None and parse_version(device.fw_ver) is None:
             own.append(f"firmware version {device.fw_ver!r} is not dotted numbers")
-        for iface in device.interfaces:
-            if iface.mtu is not None and iface.mtu <= 0:
-                own.append(f"{iface.name} MTU {iface.mtu}")
+        own.extend(
+            f"{iface.name} MTU {iface.mtu}"
+            for iface in device.interfaces
+            if iface.mtu is not None and iface.mtu <= 0
+        )
+        if own:
+            problems.setdefault((node, device.name), []).extend(own)
     for device, port in ports(snap):
-        where = problems.setdefault((node, subject(device, port)), [])
+        where: list[str] = []
         if port.state == "UNKNOWN":
             where.append("port state unknown")
         rate = port.rate_gbps
         if rate is not None and (not math.isfinite(rate) or rate < 0):
             where.append(f"rate_gbps {rate}")
         for group, values in (("counters", port.counters), ("hw_counters", port.hw_counters)):
-            where.extend(
-                f"{group}/{k} is negative ({v})" for k, v in sorted(values.items()) if v < 0
-            )
-    for key in [k for k, v in problems.items() if not v]:
-        del problems[key]
+            if values and min(values.values()) < 0:
+                where.extend(
+                    f"{group}/{k} is negative ({v})" for k, v in sorted(values.items()) if v < 0
+                )
+        if where:
+            problems.setdefault((node, subject(device, port)), []).extend(where)
 
 
 def _counter_problems(
@@ -107,16 +115,21 @@ def _counter_problems(
         problems.setdefault((node, "counters"), []).extend(
             f"{e.path}: {e.error}" for e in batch.errors
         )
+    isfinite = math.isfinite
     for pc in batch.ports:
         listed: list[str] = []
-        for key, rate in sorted(pc.rates.items()):
-            if not math.isfinite(rate) or rate < 0:
-                listed.append(f"rate of {key} is {rate}")
-        listed.extend(f"{k} saturated (clear it: perfquery -x -R)" for k in pc.saturated
-                      if k in WATCHED)  # fmt: skip
-        listed.extend(f"{k} went backwards (reset), no rate this round" for k in pc.resets
-                      if k in WATCHED)  # fmt: skip
-        listed.extend(f"counters/{k} is negative ({v})" for k, v in sorted(pc.counters.items())
-                      if v < 0)  # fmt: skip
+        if not all(isfinite(rate) and rate >= 0 for rate in pc.rates.values()):
+            for key, rate in sorted(pc.rates.items()):
+                if not isfinite(rate) or rate < 0:
+                    listed.append(f"rate of {key} is {rate}")
+        if pc.saturated:
+            listed.extend(f"{k} saturated (clear it: perfquery -x -R)" for k in pc.saturated
+                          if k in WATCHED)  # fmt: skip
+        if pc.resets:
+            listed.extend(f"{k} went backwards (reset), no rate this round" for k in pc.resets
+                          if k in WATCHED)  # fmt: skip
+        if pc.counters and min(pc.counters.values()) < 0:
+            listed.extend(f"counters/{k} is negative ({v})"
+                          for k, v in sorted(pc.counters.items()) if v < 0)  # fmt: skip
         if listed:
             problems.setdefault((node, f"{pc.device}/{pc.port}"), []).extend(listed)

@@ -109,13 +109,11 @@ def expectations(
 def compute_layer(snap: NodeSnapshot, expect: Expect) -> str | None:
     if expect.link_layer is not None:
         return expect.link_layer
-    layers = Counter(
-        port.link_layer
-        for device in snap.devices
-        if not is_vf(device)
-        for port in device.ports
-        if port.link_layer != "Unknown"
-    )
+    layers: Counter[str] = Counter()
+    for device in snap.devices:
+        sriov = device.sriov
+        if sriov is None or sriov.physfn is None:  # not is_vf(device)
+            layers.update(p.link_layer for p in device.ports if p.link_layer != "Unknown")
     if not layers:
         return None
     best = max(layers.values())
@@ -130,3 +128,22 @@ def compute_adapters(snap: NodeSnapshot, expect: Expect) -> list[Device]:
         d for d in snap.devices if not is_vf(d) and any(p.link_layer == layer for p in d.ports)
     ]
     return sorted(chosen, key=lambda d: (d.pci_address or "~", d.name))
+
+
+# node -> (snapshot, expect.linkLayer, its compute adapters): several rules ask for them
+# per node and evaluation. One entry per node name, kept while the snapshot object is.
+_ADAPTERS: dict[str, tuple[NodeSnapshot, str | None, tuple[Device, ...]]] = {}
+_MAX_REMEMBERED: Final = 1 << 16  # node names; beyond: forget all (removed nodes linger)
+
+
+def node_compute_adapters(node: str, snap: NodeSnapshot, expect: Expect) -> tuple[Device, ...]:
+    """`compute_adapters`, computed once per snapshot object of `node` (records are
+    immutable: the same object has the same adapters)."""
+    hit = _ADAPTERS.get(node)
+    if hit is not None and hit[0] is snap and hit[1] == expect.link_layer:
+        return hit[2]
+    adapters = tuple(compute_adapters(snap, expect))
+    if len(_ADAPTERS) >= _MAX_REMEMBERED:
+        _ADAPTERS.clear()
+    _ADAPTERS[node] = (snap, expect.link_layer, adapters)
+    return adapters

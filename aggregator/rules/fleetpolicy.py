@@ -7,7 +7,9 @@ subnet is the GID prefix on InfiniBand and the IPv4 /24 of its RoCE GIDs on Ethe
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import re
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
@@ -15,7 +17,7 @@ from typing import Final, cast
 from aggregator.cluster import ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
 from aggregator.rules.finding import Finding
-from aggregator.rules.fleetfacts import compute_adapters, is_active, majority_of
+from aggregator.rules.fleetfacts import is_active, majority_of, node_compute_adapters
 from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
 from aggregator.rules.selection import matching_adapters
 from aggregator.rules.thresholds import Thresholds
@@ -188,15 +190,44 @@ def check_policy_conflict(
 
 def _subnet(device: Device) -> str | None:
     for port in device.ports:
+        infiniband = port.link_layer == "InfiniBand"
         for gid in port.gids:
-            try:
-                address = ipaddress.IPv6Address(gid.gid)
-            except ValueError:
-                continue
-            if address.ipv4_mapped is not None:
-                return str(ipaddress.IPv4Network(f"{address.ipv4_mapped}/24", strict=False))
-            if port.link_layer == "InfiniBand":
-                return ":".join(gid.gid.split(":")[:4])
+            found = _gid_subnet(gid.gid, infiniband)
+            if found is not None:
+                return found
+    return None
+
+
+# How sysfs writes a GID: eight groups of four hex digits (parsed without `ipaddress`).
+_SYSFS_GID: Final = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}")
+
+
+def _gid_subnet(gid: str, infiniband: bool) -> str | None:
+    """The subnet a GID names (IPv4-mapped: its /24; InfiniBand: the GID prefix), or None
+    when it names none (not an address, or a link-local RoCE GID)."""
+    if not _SYSFS_GID.fullmatch(gid):
+        return _parsed_gid_subnet(gid, infiniband)
+    groups = gid.split(":")
+    if groups[5].lower() == "ffff" and groups[:5] == _ZEROS:  # ::ffff:a.b.c.d
+        high, low = int(groups[6], 16), int(groups[7], 16)
+        return f"{high >> 8}.{high & 0xFF}.{low >> 8}.0/24"
+    return ":".join(groups[:4]) if infiniband else None
+
+
+_ZEROS: Final = ["0000"] * 5
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_gid_subnet(gid: str, infiniband: bool) -> str | None:
+    """`_gid_subnet` of any other spelling, through `ipaddress` (slow, so cached)."""
+    try:
+        address = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    if address.ipv4_mapped is not None:
+        return str(ipaddress.IPv4Network(f"{address.ipv4_mapped}/24", strict=False))
+    if infiniband:
+        return ":".join(gid.split(":")[:4])
     return None
 
 
@@ -216,7 +247,7 @@ def _rail(device: Device) -> Rail:
 def _rails(peer: Peer) -> Iterator[tuple[int, Device]]:
     snap = peer.record.snapshot
     if snap is not None:
-        yield from enumerate(compute_adapters(snap, peer.expect))
+        yield from enumerate(node_compute_adapters(peer.name, snap, peer.expect))
 
 
 def _rail_tally(peer: Peer) -> Iterator[Vote]:
@@ -251,7 +282,10 @@ def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding
                 differs[key] = usual
         if not differs:
             continue
-        what = ", ".join(f"{k} {attrs[k]} (peers: {v})" for k, v in differs.items())
+        what = ", ".join(
+            f"{k} {attrs[k]} (peers: {'no majority' if v is None else v})"
+            for k, v in differs.items()
+        )
         found.append(
             Finding(
                 rule="rail-mismatch",

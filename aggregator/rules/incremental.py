@@ -3,12 +3,13 @@ nodes whose record changed (records are immutable: changed = another object) and
 rules reading a changed field (`READS`), for peers whose group facts moved
 (aggregator.rules.peers), and for time rules' due nodes.
 
-Pure: `now` is passed in. New policies, cluster labels or thresholds start over.
+Pure: `now` is passed in. New policies, cluster labels or thresholds start over
+(`starts_over` tells beforehand, so a caller can run that call off its event loop).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Final, cast
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
@@ -32,6 +33,10 @@ from proto.policy import Policy
 
 _ALL_FIELDS: Final = frozenset(NodeRecord.__struct_fields__)  # this object: came or went
 UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
+
+
+class Abandoned(Exception):
+    """`evaluate` gave up because its `abandon` callback said so; the next call starts over."""
 
 
 def _dedup(findings: Iterable[Finding]) -> tuple[Finding, ...]:
@@ -67,6 +72,7 @@ class IncrementalRules:
         self._due: dict[str, DueNodes] = {}
         self._out = SortedFindings()
         self.rebuilds = 0  # full recomputations (first call, policies/cluster/thresholds)
+        self._abandon: Callable[[], bool] = lambda: False
 
     def evaluate(
         self,
@@ -76,13 +82,34 @@ class IncrementalRules:
         now: float = 0.0,
         *,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
+        abandon: Callable[[], bool] = lambda: False,
     ) -> list[Finding]:
-        """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...)` returns."""
+        """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...)` returns.
+
+        `abandon` is asked between rules; when it answers True, raises `Abandoned`."""
+        self._abandon = abandon
         try:
             return self._evaluate(fleet, policies, cluster, now, thresholds)
         except BaseException:
             self._context = None  # half updated: start over next time
             raise
+
+    def starts_over(
+        self, policies: tuple[Policy, ...], cluster: ClusterView, thresholds: Thresholds
+    ) -> bool:
+        """Whether `evaluate` with these would recompute everything (first call, or new
+        policies, cluster labels or thresholds)."""
+        return not self._same(self._context, policies, cluster, thresholds)
+
+    def pending(self, fleet: Mapping[str, NodeRecord]) -> int:
+        """How many nodes changed (or came or went) since the last call: its cost."""
+        records = self._records
+        changed = sum(1 for name, record in fleet.items() if records.get(name) is not record)
+        return changed + sum(1 for name in records if name not in fleet)
+
+    def _check_abandon(self) -> None:
+        if self._abandon():
+            raise Abandoned("rule evaluation abandoned")
 
     def _evaluate(
         self,
@@ -116,12 +143,15 @@ class IncrementalRules:
 
         for rule in NODE_RULES:
             if rule in enabled and rule not in TIME_RULES:
+                self._check_abandon()
                 self._run_local(rule, touching(rule))
         for rule in TIME_RULES:
             if rule in enabled:
+                self._check_abandon()
                 self._run_timed(rule, touching(rule))
         for rule, peer_rule in PEER_RULES.items():
             if rule in enabled:
+                self._check_abandon()
                 self._run_peer(peer_rule, touching(rule))
         self._publish(enabled)
         return self._out.items()
@@ -131,8 +161,16 @@ class IncrementalRules:
     def _same_context(
         self, policies: tuple[Policy, ...], cluster: ClusterView, thresholds: Thresholds
     ) -> bool:
-        context = (policies, cluster, thresholds)
-        old, self._context = self._context, context
+        old, self._context = self._context, (policies, cluster, thresholds)
+        return self._same(old, policies, cluster, thresholds)
+
+    @staticmethod
+    def _same(
+        old: tuple[object, ...] | None,
+        policies: tuple[Policy, ...],
+        cluster: ClusterView,
+        thresholds: Thresholds,
+    ) -> bool:
         if old is None:
             return False
         old_policies, old_cluster, old_thresholds = old

@@ -15,12 +15,12 @@ from aggregator.fleet import NodeRecord
 from aggregator.rules.catalog import FLAP_COUNTERS
 from aggregator.rules.finding import Finding, Severity
 from aggregator.rules.fleetfacts import (
-    compute_adapters,
     finite,
     is_active,
     majority_of,
     model_label,
     model_of,
+    node_compute_adapters,
     ports,
     snapshots,
     subject,
@@ -236,7 +236,7 @@ def _mtu_tally(peer: Peer) -> Iterator[Vote]:
     snap = peer.record.snapshot
     if snap is None:
         return
-    compute = {d.name for d in compute_adapters(snap, peer.expect)}
+    compute = {d.name for d in node_compute_adapters(peer.name, snap, peer.expect)}
     for device, _, layer, _, mtu in _mtu_places(snap):
         yield (layer, device.name in compute), mtu
 

@@ -6,6 +6,7 @@ Pure. Versions compare numerically by dotted parts ("28.41.1000" > "28.9.2000").
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
@@ -35,6 +36,7 @@ DRIVER_MODULES: Final = (
 _VERSION: Final = re.compile(r"^\d+(\.\d+)*\Z")
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet runs a few versions on many adapters
 def parse_version(text: str | None) -> tuple[int, ...] | None:
     """(28, 41, 1000) from "28.41.1000"; None when not purely dotted numbers."""
     if text is None or not _VERSION.fullmatch(text.strip()):
@@ -58,26 +60,30 @@ def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     snap = peer.record.snapshot
     if snap is None:
         return []
+    # The node's adapters with a firmware version, by model (its votes, in device order).
     node_fw: dict[str | None, list[str]] = {}
-    for d in snap.devices:
-        if d.fw_ver:
-            node_fw.setdefault(model_of(d), []).append(d.fw_ver)
+    for model, fw in votes:
+        node_fw.setdefault(cast(str | None, model), []).append(cast(str, fw))
+    in_node: dict[str | None, str | None] = {}
     found: list[Finding] = []
     for d in snap.devices:
         if not d.fw_ver:
             continue
-        in_fleet, seen, peers = cast(tuple[str | None, str, int], facts[model_of(d)])
-        if peers < 2:
-            continue
-        in_node = majority(node_fw[model_of(d)])
+        model = model_of(d)
+        in_fleet, seen, peers = cast(tuple[str | None, str, int], facts[model])
+        if peers < 2 or (d.fw_ver == in_fleet and len(set(node_fw[model])) == 1):
+            continue  # as the fleet and every adapter of its model in the node: no skew
+        if model not in in_node:
+            in_node[model] = majority(node_fw[model])
+        node_usual = in_node[model]
         usual: str | None
-        if in_node is not None and d.fw_ver != in_node and len(node_fw[model_of(d)]) > 1:
-            scope, usual = "node", in_node
+        if node_usual is not None and d.fw_ver != node_usual and len(node_fw[model]) > 1:
+            scope, usual = "node", node_usual
         elif d.fw_ver != in_fleet:
             scope, usual = "fleet", in_fleet
         else:
             continue
-        shown = usual or "no majority version"
+        shown = f"the {scope}'s {usual}" if usual else f"the {scope}, which has no majority version"
         found.append(
             Finding(
                 rule="fw-skew",
@@ -85,7 +91,7 @@ def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
                 node=peer.name,
                 subject=d.name,
                 message=f"{d.name} ({model_label(d)}) runs firmware {d.fw_ver}, unlike "
-                f"the {scope}'s {shown}; flash the fleet's version (mlxfwmanager) so all "
+                f"{shown}; flash the fleet's version (mlxfwmanager) so all "
                 "adapters of a model behave alike.",
                 evidence={
                     "fw_ver": d.fw_ver,

@@ -55,6 +55,25 @@ export async function getJSON(path, params = {}, signal = undefined) {
   return response.json();
 }
 
+const PAGE_SIZE = 5000; // the API's largest page: the fewest round trips
+const MAX_PAGES = 10000;
+
+/** GET a paged list to its end, following `continue`: the last page with every item. */
+export async function getAllJSON(path, params = {}, signal = undefined) {
+  const items = [];
+  let token = null;
+  for (let page = 0; page < MAX_PAGES; page += 1) {
+    const body = await getJSON(path, { ...params, limit: PAGE_SIZE, continue: token }, signal);
+    items.push(...(body.items ?? []));
+    if (typeof body.continue !== "string") {
+      delete body.continue;
+      return { ...body, items, count: items.length };
+    }
+    token = body.continue;
+  }
+  throw new ApiError(0, `${path} kept answering continue for ${MAX_PAGES} pages`);
+}
+
 async function errorMessage(response) {
   const body = await response.json().catch(() => null);
   const message = body && body.error && body.error.message;

@@ -1,7 +1,7 @@
 // The three views: the fleet, one node, one resource's trace. Each `load*` fetches what
 // it shows and returns a DOM tree; the router re-runs it on a timer.
 
-import { ApiError, getJSON } from "./api.js";
+import { ApiError, getAllJSON, getJSON } from "./api.js";
 import { fmtAge, fmtRate, fmtTime, h, link, sparkline, table } from "./dom.js";
 import { topologyView } from "./topology.js";
 
@@ -57,8 +57,8 @@ function countCells(entry) {
 
 export async function loadFleet() {
   const [nodes, findings, resources] = await Promise.all([
-    getJSON("/api/v1/nodes"),
-    optional(getJSON("/api/v1/findings")),
+    getAllJSON("/api/v1/nodes"),
+    optional(getAllJSON("/api/v1/findings")),
     getJSON("/api/v1/resources"),
   ]);
   const counts = findingCounts(findings);
@@ -190,7 +190,7 @@ function findingsView(findings) {
 export async function loadNode(name) {
   const [detail, findings] = await Promise.all([
     getJSON(`/api/v1/nodes/${encodeURIComponent(name)}`),
-    optional(getJSON("/api/v1/findings", { node: name })),
+    optional(getAllJSON("/api/v1/findings", { node: name })),
   ]);
   const s = detail.summary;
   const entry = remember(name, detail.counters);

@@ -21,8 +21,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def js_cluster(work: Path, size: int = 3, name: str = "faults") -> Iterator[dict[str, NatsServer]]:
-    """Start `size` clustered servers named n1..nN; yields them by server name."""
+def js_cluster(
+    work: Path, size: int = 3, name: str = "faults", config: Path | None = None
+) -> Iterator[dict[str, NatsServer]]:
+    """Start `size` clustered servers named n1..nN (each with `config`, e.g. subject
+    mappings, when given); yields them by server name."""
     route_ports = [_free_port() for _ in range(size)]
     routes = ",".join(f"nats://127.0.0.1:{p}" for p in route_ports)
     servers: dict[str, NatsServer] = {}
@@ -31,6 +34,7 @@ def js_cluster(work: Path, size: int = 3, name: str = "faults") -> Iterator[dict
             server_name = f"n{i}"
             settings = NatsServerSettings(
                 store_dir=work / server_name,
+                config_file=config,
                 extra_args=(
                     "-n", server_name,
                     "--cluster_name", name,

@@ -187,6 +187,27 @@ class Machine(RuleBasedStateMachine):
     def set_thresholds(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
 
+    @rule(
+        data=st.data(),
+        policies=st.sampled_from(POLICIES),
+        name=st.sampled_from(NODES),
+        rate=st.sampled_from((0.0, 1e6)),
+    )
+    def evaluate_a_copy_while_ingesting(
+        self, data: st.DataObject, policies: tuple[Policy, ...], name: str, rate: float
+    ) -> None:
+        """As `AllRules.evaluate_async`: (re)computed over a copy of the records while
+        messages keep arriving; the invariant's live evaluation must catch up."""
+        self.policies = policies
+        copy = dict(self.fleet.view())
+        self.fleet.apply_snapshot(data.draw(snapshots(name, self._next(), self.now)), self.now)
+        b = batch(name, port_counters(rates={RATES[0]: rate}))
+        self.fleet.apply_counters(msgspec.structs.replace(b, seq=self._next()), self.now)
+        args = (copy, self.policies, self.cluster, self.now)
+        assert self.incremental.evaluate(*args, thresholds=self.thresholds) == evaluate(
+            *args, thresholds=self.thresholds
+        )
+
     @rule(step=st.sampled_from((0.0, 0.4, 3.0, 4.9, 20.0, 31.0, -10.0)))
     def tick(self, step: float) -> None:
         self.now += step

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from aggregator.cluster import NO_CLUSTER
@@ -110,7 +110,11 @@ def _sharded(fleet: Fleet, policies: tuple[Policy, ...], replicas: tuple[str, ..
     return found
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(
     data=st.data(),
     policies=st.sampled_from(POLICIES),
@@ -121,11 +125,11 @@ def test_merged_summaries_find_what_one_process_finds(
 ) -> None:
     fleet = Fleet()
     for seq, name in enumerate(data.draw(st.lists(st.sampled_from(NODES), unique=True))):
-        snap = data.draw(
-            snapshots(name, seq + 1, T0).filter(
-                lambda s: not any(i.name == "bad0" for d in s.devices for i in d.interfaces)
-            )
-        )
+        snap = data.draw(snapshots(name, seq + 1, T0))
+        # Input a rule raises on: one process shows the rule's data-quality finding instead
+        # of all its findings; a replica only instead of its own (docs/scaling.md, limits).
+        assume(not any(i.name == "bad0" for d in snap.devices for i in d.interfaces))
+        assume(all(r.relation != "BOGUS" for r in snap.gpu_nic_topology))
         fleet.apply_snapshot(snap, T0)
     whole = _by_fingerprint(evaluate(fleet.view(), policies, NO_CLUSTER, T0))
     assert _sharded(fleet, policies, replicas) == whole

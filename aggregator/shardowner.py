@@ -1,0 +1,242 @@
+"""One sharded aggregator replica's share of the fleet (docs/scaling.md): heartbeats in KV
+`nicfleet-shards`, the plan of `aggregator.shards` over the live replicas, one NATS
+subscription per partition held, nodes loaded from KV `nicfleet-nodes` (and a resync
+asked) when a partition is taken over, and per-shard vote summaries sent and merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+
+from aggregator.alerts.setup import AllRules
+from aggregator.cluster import ClusterView
+from aggregator.fleet import Fleet
+from aggregator.rules.finding import Finding
+from aggregator.shards import ShardSettings, live_replicas, partition_of, plan
+from aggregator.shardsummary import ShardRules, merge_remote
+from aggregator.store import load_nodes
+from proto import subjects
+from proto.codec import CodecError, decode, encode
+from proto.messages import ShardSummary
+from proto.policy import Policy
+
+log = logging.getLogger(__name__)
+
+KV_SHARDS: Final = "nicfleet-shards"
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def replica_id(identity: str) -> str:
+    """The identity as one subject token and KV key."""
+    return _NOT_TOKEN.sub("_", identity) or "replica"
+
+
+def node_subject_of(partitioned: str) -> str:
+    """`nicfleet.v1.part.<p>.node.<t>.<k>` -> `nicfleet.v1.node.<t>.<k>` (else unchanged)."""
+    head = f"{subjects.PREFIX}.part."
+    if not partitioned.startswith(head):
+        return partitioned
+    _, _, rest = partitioned[len(head) :].partition(".")
+    return f"{subjects.PREFIX}.{rest}"
+
+
+class ShardedAllRules(AllRules):
+    """`AllRules` with the peer rules judged against merged per-shard facts."""
+
+    def __init__(self, rules: ShardRules, extra: Callable[[], Sequence[Finding]] | None = None):
+        super().__init__(extra)
+        self.shard_rules = rules
+
+    def evaluate(
+        self, fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+    ) -> Sequence[Finding]:
+        thresholds, problems = self._parsed(policies)
+        found = self.shard_rules.evaluate(
+            fleet.view(), policies, cluster, now, thresholds=thresholds
+        )
+        extra = self._extra() if self._extra is not None else ()
+        return [*problems, *found, *extra]
+
+
+class ShardOwner:
+    def __init__(
+        self,
+        nc: NatsClient,
+        settings: ShardSettings,
+        *,
+        identity: str,
+        fleet: Fleet,
+        nodes_kv: KeyValue,
+        handle: Callable[[str, bytes], bool],  # Ingest.handle on node subjects
+        on_change: Callable[[str, str], None],
+        resync: Callable[[], None],
+        clock: Callable[[], float],
+        extra: Callable[[], Sequence[Finding]] | None = None,
+    ) -> None:
+        self.me = replica_id(identity)
+        self._nc, self._settings, self._fleet, self._nodes_kv = nc, settings, fleet, nodes_kv
+        self._handle, self._on_change, self._resync, self._clock = handle, on_change, resync, clock
+        self.shard_rules = ShardRules(settings.partitions)
+        self.rules = ShardedAllRules(self.shard_rules, extra)
+        self._kv: KeyValue | None = None
+        self._subs: dict[int, Subscription] = {}
+        self._seen: dict[str, tuple[int, float]] = {}  # replica -> (revision, first seen at)
+        self._summaries: dict[str, ShardSummary] = {}
+        self.live: frozenset[str] = frozenset()
+        self.owners: dict[int, str] = {}
+        self.takeovers = 0  # partitions taken over after the first plan
+        self.rejected = 0  # undecodable summaries
+        self.misrouted = 0  # node messages on a partition subject their node is not in
+
+    @property
+    def held(self) -> frozenset[int]:
+        return frozenset(self._subs)
+
+    def view(self) -> dict[str, object]:
+        """For `/api/v1/shards`: who holds what, as this replica sees it."""
+        return {
+            "replica": self.me,
+            "partitions": self._settings.partitions,
+            "held": sorted(self._subs),
+            "nodes": len(self._fleet),
+            "live": sorted(self.live),
+            "owners": {str(p): r for p, r in sorted(self.owners.items())},
+            "summaries": {r: s.nodes for r, s in sorted(self._summaries.items())},
+        }
+
+    async def start(self) -> None:
+        js = self._nc.jetstream()
+        try:
+            self._kv = await js.key_value(KV_SHARDS)
+        except JetStreamError:
+            self._kv = await js.create_key_value(
+                bucket=KV_SHARDS, history=1, ttl=self._settings.ttl_s * 5, description="nicfleet"
+            )
+        await self._nc.subscribe(subjects.SHARD_SUMMARY_WILDCARD, cb=self._on_summary)
+        await self.tick(first=True)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._settings.heartbeat_s)
+            if stop.is_set():
+                break
+            try:
+                await self.tick()
+            except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
+                log.warning("shard heartbeat/plan failed: %s; retrying", exc)
+        if self._kv is not None:  # leave at once instead of after ttl
+            with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
+                await self._kv.delete(self.me)
+
+    async def tick(self, *, first: bool = False) -> None:
+        assert self._kv is not None
+        now = self._clock()
+        await self._kv.put(self.me, encode(self.shard_rules.summary(self.me, self.held, now)))
+        self.live = live_replicas(await self._heartbeats(now), now, self._settings.ttl_s)
+        mine = plan(self._settings.partitions, self.live | {self.me})
+        self.owners = {p: r for r, parts in mine.items() for p in parts}
+        await self._hold(mine[self.me], first=first)
+        await self._publish_summary(now)
+        self._merge()
+
+    async def _heartbeats(self, now: float) -> Mapping[str, float]:
+        """Replica -> when (by our clock) its heartbeat entry last changed."""
+        assert self._kv is not None
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            keys = []
+        for key in keys:
+            try:
+                entry = await self._kv.get(key)
+            except KeyNotFoundError:
+                continue
+            revision = entry.revision or 0
+            seen = self._seen.get(key)
+            if seen is None or seen[0] != revision:
+                self._seen[key] = (revision, now)
+        for key in self._seen.keys() - set(keys):
+            del self._seen[key]
+        return {replica: at for replica, (_, at) in self._seen.items()}
+
+    async def _hold(self, wanted: frozenset[int], *, first: bool) -> None:
+        gone, new = self.held - wanted, wanted - self.held
+        for partition in sorted(gone):
+            await self._subs.pop(partition).unsubscribe()
+        if gone:
+            for name in [n for n in self._fleet.names() if self._partition(n) in gone]:
+                self._fleet.forget(name)
+                self._on_change(name, "released")
+            log.info("released partitions %s", sorted(gone))
+        if not new:
+            return
+        for partition in sorted(new):
+            self._subs[partition] = await self._nc.subscribe(
+                subjects.partition_subject(partition), cb=self._on_node,
+                pending_msgs_limit=200_000,
+            )  # fmt: skip
+        loaded = 0
+        async for stored in load_nodes(self._nodes_kv):
+            name = stored.snapshot.node
+            if self._partition(name) in new and name not in self._fleet:
+                self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
+                self._on_change(name, "taken-over")
+                loaded += 1
+        if not first:
+            self.takeovers += len(new)
+        log.info("holding partitions %s (+%d nodes from KV)", sorted(new), loaded)
+        self._resync()  # what was published before we subscribed is re-sent
+
+    def _partition(self, name: str) -> int:
+        return partition_of(subjects.node_token(name), self._settings.partitions)
+
+    async def _on_node(self, msg: Msg) -> None:
+        subject = node_subject_of(msg.subject)
+        parts = msg.subject.split(".")
+        # An agent may publish its own partition subjects directly (permissions are
+        # checked after mapping): one naming a partition its node is not in is dropped.
+        if len(parts) != 7 or parts[3] != str(partition_of(parts[5], self._settings.partitions)):
+            self.misrouted += 1
+            return
+        self._handle(subject, msg.data)
+
+    async def _on_summary(self, msg: Msg) -> None:
+        try:
+            summary = decode(msg.data, ShardSummary)
+        except CodecError as exc:
+            self.rejected += 1
+            log.warning("dropped shard summary on %s: %s", msg.subject, exc)
+            return
+        if summary.replica == self.me:
+            return
+        old = self._summaries.get(summary.replica)
+        self._summaries[summary.replica] = summary
+        if old is None or old.votes != summary.votes or old.partitions != summary.partitions:
+            self._merge()
+
+    async def _publish_summary(self, now: float) -> None:
+        summary = self.shard_rules.summary(self.me, self.held, now)
+        await self._nc.publish(subjects.shard_summary_subject(self.me), encode(summary))
+
+    def _merge(self) -> None:
+        """Remote counts from the live replicas' latest summaries; re-evaluate on change."""
+        for replica in self._summaries.keys() - self.live:
+            del self._summaries[replica]
+        remote = merge_remote(self._summaries.values(), self.owners, self.me)
+        if remote != self.shard_rules.remote:
+            self.shard_rules.remote = remote
+            self._on_change("_fleet", "shard-summary")
