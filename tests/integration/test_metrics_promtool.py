@@ -16,9 +16,10 @@ pytestmark = pytest.mark.integration
 
 
 async def test_both_endpoints_export_the_issue_families_and_pass_promtool(
-    nats_server: NatsServer,
+    own_nats: NatsServer,
 ) -> None:
-    scrapes = await live_scrape(nats_server.url)
+    # Its own server: the session's KV holds nodes of other tests, which would be stale here.
+    scrapes = await live_scrape(own_nats.url)
     agent, aggregator = scrapes.agent, scrapes.aggregator
     port = {"device": "mlx5_0", "port": "1"}
     assert sample_value(agent, "nicfleet_agent_port_up", **port) == 1
