@@ -30,9 +30,10 @@ from aggregator.fleet import (
     NodeSummary,
     describe,
     node_state,
-    summarize,
 )
 from aggregator.httperrors import BadParameter, error_response, json_response
+from aggregator.labelselect import Requirement, parse_selector, selected
+from aggregator.nodesummaries import SummaryCache
 from aggregator.openapi import NODE_NAME_FILTER, OPENAPI_PATH, openapi_document
 from aggregator.paging import (
     Key,
@@ -56,7 +57,7 @@ from proto.subjects import InvalidNodeName, validate_node_name
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-NODE_LIST_PARAMS: Final = ("state", "name", "limit", "continue", "offset")
+NODE_LIST_PARAMS: Final = ("state", "name", "label", "limit", "continue", "offset")
 MAX_SUGGESTIONS: Final = 3
 _NAME_FILTER: Final = re.compile(NODE_NAME_FILTER["pattern"][1:-1])
 # Any token is a valid HTTP method; only these become metric label values.
@@ -80,6 +81,7 @@ class NodeList(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class NodeQuery(msgspec.Struct, frozen=True, kw_only=True):
     state: NodeState | None
     name: str | None  # a prefix, or a glob with * ? [...]
+    label: tuple[Requirement, ...] | None  # a label selector on the cluster view's labels
     limit: int
     offset: int
     after: Key | None  # from `continue`
@@ -100,12 +102,14 @@ class _Api:
         self.policies = policies
         self.policy_source: Callable[[], tuple[Policy, ...]] | None = None
         self.policy_report: Callable[[], ReconcileReport] | None = None
+        self.cluster_source: Callable[[], ClusterView] = lambda: NO_CLUSTER
         self.settings = settings
         self.readiness = readiness
         self.clock = clock
         self.registry = registry
         self.page_limits = PageLimits()
         self.node_index = NameIndex()  # sorted names, re-sorted when the fleet's names change
+        self.summaries = SummaryCache()  # one summarize per node snapshot, not per request
         self.requests = Counter(
             "nicfleet_api_requests",
             "HTTP API requests answered, by route template and status code.",
@@ -150,13 +154,17 @@ class _Api:
         keys: Sequence[Key] = self.node_index.keys(view)
         if query.name is not None:
             keys = select_names(keys, query.name)
+        if query.label is not None:
+            keys = _labelled(keys, query.label, self.cluster_source())
         if query.state is not None:
             wanted = query.state
             keys = [k for k in keys if node_state(view[str(k[0])], now, stale_after) == wanted]
         page = window(keys, query.after, query.limit, query.offset)
         items = tuple(
-            summarize(view[str(k[0])], now, stale_after) for k in keys[page.start : page.end]
+            self.summaries.summary(view[str(k[0])], now, stale_after)
+            for k in keys[page.start : page.end]
         )
+        self.summaries.retain(view)
         token = None if page.after is None else encode_continue(page.after, query.digest)
         body = NodeList(
             items=items,
@@ -226,6 +234,7 @@ def build_app(
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
     api.policy_source = policy_source
     api.policy_report = policy_report
+    api.cluster_source = cluster_source or (lambda: NO_CLUSTER)
     # The auth middleware runs inside the error middleware, so 401/403 are counted too.
     if auth is None and token_review is not None:
         auth = ApiAuth(tokens=())  # TokenReview only
@@ -273,7 +282,12 @@ def _node_list_query(request: web.Request, limits: PageLimits) -> NodeQuery:
         raise BadParameter(
             "name", f"name must be a node name prefix or a glob (* ? [...]), got {name!r}"
         )
-    digest = query_digest("nodes", {"state": state, "name": name})
+    label = query.get("label")
+    try:
+        selector = None if label is None else parse_selector(label)
+    except ValueError as exc:
+        raise BadParameter("label", str(exc)) from exc
+    digest = query_digest("nodes", {"state": state, "name": name, "label": label})
     try:
         limit = parse_limit(query.get("limit"), limits)
         token = query.get("continue")
@@ -281,7 +295,28 @@ def _node_list_query(request: web.Request, limits: PageLimits) -> NodeQuery:
     except PagingError as exc:
         raise BadParameter(exc.field, exc.message) from exc
     offset = _non_negative_int(query, "offset") or 0
-    return NodeQuery(state=state, name=name, limit=limit, offset=offset, after=after, digest=digest)
+    return NodeQuery(
+        state=state,
+        name=name,
+        label=selector,
+        limit=limit,
+        offset=offset,
+        after=after,
+        digest=digest,
+    )
+
+
+def _labelled(
+    keys: Sequence[Key], selector: tuple[Requirement, ...], cluster: ClusterView
+) -> list[Key]:
+    """Name keys whose node's labels (none for a node the cluster view lacks) match."""
+    nodes = cluster.nodes
+    kept = []
+    for key in keys:
+        node = nodes.get(str(key[0]))
+        if selected(selector, node.labels if node is not None else {}):
+            kept.append(key)
+    return kept
 
 
 def _non_negative_int(query: MultiMapping[str], key: str) -> int | None:

@@ -17,6 +17,7 @@ from aggregator.api_chain import MAX_RESOURCE_LENGTH, ResourceList
 from aggregator.apiauth import METRICS_PATH, OPEN_PATHS, is_ui_path
 from aggregator.fleet import NODE_STATES, NodeDetail, NodeSummary
 from aggregator.httperrors import ErrorBody
+from aggregator.labelselect import MAX_SELECTOR_LENGTH, SELECTOR_PATTERN
 from aggregator.paging import MAX_TOKEN_LENGTH, PageLimits
 from aggregator.reconciler import ReconcileReport
 from aggregator.rules.finding import Finding
@@ -174,6 +175,11 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
         "parameters": [
             _query("state", {"enum": list(NODE_STATES)}, "Only nodes in this state."),
             _query("name", NODE_NAME_FILTER, "Only names with this prefix, or matching this glob."),
+            _query(
+                "label",
+                {"type": "string", "maxLength": MAX_SELECTOR_LENGTH, "pattern": SELECTOR_PATTERN},
+                "Label selector on the cluster's node labels: k=v, k!=v, k, !k; comma-separated.",
+            ),
             PAGE_LIMIT,
             PAGE_CONTINUE,
             _query(

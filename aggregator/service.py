@@ -49,7 +49,7 @@ from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
-from aggregator.shardowner import ShardOwner
+from aggregator.shardowner import ShardOwner, add_shard_routes
 from aggregator.shards import ShardSettings
 from aggregator.store import SnapshotWriter, StoredNode, load_nodes, open_bucket
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
@@ -228,6 +228,9 @@ class AggregatorService:
                 lease,
                 LeaderSettings(identity=self.settings.identity, ttl_s=self.settings.leader_ttl),
             )
+            # Sharded, the leader holds only its share: writes planned from the whole fleet
+            # (desired config, status, alert lifecycle) stay off (docs/scaling.md, limits).
+            writes: Callable[[], bool] = (lambda: False) if sharded else (lambda: leader.is_leader)
             self.reconciler = Reconciler(
                 ReconcileSettings(
                     stale_after=self.settings.stale_after, tick=self.settings.reconcile_tick
@@ -238,7 +241,7 @@ class AggregatorService:
                 store=config_store,
                 kube=kube,
                 cluster=cluster,
-                is_leader=lambda: leader.is_leader,
+                is_leader=writes,
                 observed_generation=self._observed_generation,
                 clock=self.clock,
                 observer=self.metrics,
@@ -256,7 +259,7 @@ class AggregatorService:
                 timings=self.shard.rules.timings if self.shard and not self._rules else None,
                 events=NodeEvents(kube) if kube is not None else None,
                 extra_findings=lambda: self.nvidia_findings,
-                is_leader=lambda: leader.is_leader,
+                is_leader=writes,
             )
             self.validations = ValidationRunner(
                 kube=kube,
@@ -391,6 +394,8 @@ class AggregatorService:
                 app, runner=self.validations, fleet=self.fleet, cluster=cluster
             )
         add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
+        if self.shard is not None:  # sharded: who holds what (docs/scaling.md)
+            add_shard_routes(app, self.shard, self._findings)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
+from aiohttp import web
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -115,7 +116,11 @@ class ShardOwner:
             "live": sorted(self.live),
             "owners": {str(p): r for p, r in sorted(self.owners.items())},
             "summaries": {r: s.nodes for r, s in sorted(self._summaries.items())},
+            "takeovers": self.takeovers,
         }
+
+    def node_names(self) -> list[str]:
+        return self._fleet.names()
 
     async def start(self) -> None:
         js = self._nc.jetstream()
@@ -240,3 +245,19 @@ class ShardOwner:
         if remote != self.shard_rules.remote:
             self.shard_rules.remote = remote
             self._on_change("_fleet", "shard-summary")
+
+
+def add_shard_routes(
+    app: web.Application, owner: ShardOwner, findings: Callable[[], Sequence[Finding]]
+) -> None:
+    """`GET /api/v1/shards`: this replica's partitions, nodes and findings (docs/scaling.md)."""
+
+    async def shards(request: web.Request) -> web.Response:
+        doc = owner.view()
+        doc["node_names"] = owner.node_names()
+        doc["findings"] = [
+            {"rule": f.rule, "node": f.node, "subject": f.subject} for f in findings()
+        ]
+        return web.json_response(doc)
+
+    app.router.add_get("/api/v1/shards", shards)

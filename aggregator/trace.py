@@ -63,7 +63,12 @@ class UnknownNode(LookupError):
 
 class UnknownResource(LookupError):
     def __init__(self, node: str, resource: str, suggestions: tuple[str, ...]) -> None:
-        known = f"; known here: {', '.join(suggestions)}" if suggestions else ""
+        known = (
+            f"; known here: {', '.join(suggestions)}"
+            if suggestions
+            else "; no policy configures a resource for this node and its agent serves none "
+            "(run the agent with --device-plugin-config FILE or --device-plugin)"
+        )
         super().__init__(
             f"resource {resource!r} is neither configured nor served on {node!r}{known}"
         )

@@ -1,9 +1,9 @@
 """Load generator for issue 8: many simulated agents in a few processes, one NATS connection
 each. Every node publishes one realistic NodeSnapshot, then a CounterBatch (16 ports by
 default, built by the real agent code from a rendered synthetic lab node) at `hz`, phases
-spread evenly over the interval — like agents: packed, a full batch every `full_every` rounds
-and a delta (every port busy) in between; `--encoding map --full-every 1` is the load before
-packing and deltas. Chosen nodes publish a port-down LinkEvent at known offsets.
+spread evenly over the interval — like agents: a full batch (packed) every `full_every`
+rounds and a delta (every port busy; a map) in between; `--encoding map --full-every 1` is
+the load before packing and deltas. Chosen nodes publish a port-down LinkEvent at known offsets.
 `collected_at` / `observed_at` carry the send time (wall clock) so lag can be read.
 """
 
@@ -77,7 +77,7 @@ class LoadSpec:
     shape: NodeShape = field(default_factory=NodeShape)
     # (node index, seconds after the counter start) of each injected port-down event
     port_down: tuple[tuple[int, float], ...] = ()
-    encoding: str = "packed"  # of counter batches: packed (agents today) | map (before)
+    encoding: str = "packed"  # of full counter batches: packed (agents today) | map (before)
     full_every: int = 30  # a full batch every n rounds, deltas between (1: full only)
 
 
@@ -161,7 +161,8 @@ def busy_round(base: CounterBatch, step: int = 1_000_000) -> CounterBatch:
 
 class CounterStream:
     """One worker's counter messages: templates decoded once, per message only node, seq,
-    times and base_seq replaced before encoding (packing is done once, not per message)."""
+    times and base_seq replaced before encoding (a full batch is packed once, not per
+    message)."""
 
     def __init__(self, tpl: Templates, encoding: str) -> None:
         full = codec.decode(tpl.counters, CounterBatch)
@@ -169,8 +170,8 @@ class CounterStream:
         self._full: CounterBatch | PackedCounterBatch = full
         self._delta: CounterBatch | PackedCounterBatch = delta
         self._encode = codec.encode_map
-        if encoding == "packed":
-            self._full, self._delta, self._encode = pack(full), pack(delta), codec.encode
+        if encoding == "packed":  # as codec.encode does: full batches packed, deltas maps
+            self._full, self._encode = pack(full), codec.encode
 
     def message(
         self, node: str, seq: int, now: float, period: float, base_seq: int | None

@@ -1,16 +1,17 @@
 """The longest event-loop stall while the alert rules recompute everything after a policy
 change, over N copies of the 12-NIC lab node: `AllRules.evaluate` on the loop (before)
-against `AllRules.evaluate_async` (worker thread, then catch-up on the loop).
+against `AllRules.evaluate_async` (a worker thread over a copy of the records).
 
 A probe task sleeps 1 ms in a loop and records how late it wakes; a feeder task applies
-counter batches at a steady rate (round-robin over the nodes). Not a test: numbers go
-to stdout (`--json` for scripts).
+counter batches at a steady rate (round-robin over the nodes); full garbage collections
+(which stop every thread) are timed apart. Not a test: numbers go to stdout (`--json`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import time
@@ -68,6 +69,17 @@ async def _one(
     lags: list[float] = []
     applied: list[int] = []
     policies = _policy(mtu)
+    collections: list[float] = []  # full (generation 2) garbage collections: they stop all
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                collections.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(_probe(done, lags))
         tasks.create_task(_feed(fleet, rate, done, applied))
@@ -79,7 +91,13 @@ async def _one(
             rules.evaluate(fleet, policies, NO_CLUSTER, NOW)
         took = time.perf_counter() - start
         done.set()
-    return {"evaluation_s": took, "max_stall_ms": max(lags) * 1000, "applied": applied[0]}
+    gc.callbacks.remove(on_gc)
+    return {
+        "evaluation_s": took,
+        "max_stall_ms": max(lags) * 1000,
+        "applied": applied[0],
+        "max_gc2_ms": max(collections, default=0.0) * 1000,
+    }
 
 
 async def measure(nodes: int, runs: int, rate: float) -> dict[str, object]:
@@ -91,7 +109,7 @@ async def measure(nodes: int, runs: int, rate: float) -> dict[str, object]:
         samples = [await _one(fleet, rules, 4000 + i, off_loop, rate) for i in range(runs)]
         result[mode] = {
             key: round(statistics.median(s[key] for s in samples), 2)
-            for key in ("evaluation_s", "max_stall_ms", "applied")
+            for key in ("evaluation_s", "max_stall_ms", "applied", "max_gc2_ms")
         }
     return result
 
@@ -114,7 +132,8 @@ def main() -> None:
             m = r[mode]
             assert isinstance(m, dict)
             print(f"  {mode:9} evaluation {m['evaluation_s']:>7} s, longest stall "
-                  f"{m['max_stall_ms']:>9} ms, batches applied {m['applied']:>7}")  # fmt: skip
+                  f"{m['max_stall_ms']:>9} ms (longest full GC {m['max_gc2_ms']} ms), "
+                  f"batches applied {m['applied']:>7}")  # fmt: skip
 
 
 if __name__ == "__main__":

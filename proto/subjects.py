@@ -48,6 +48,7 @@ def shard_summary_subject(replica: str) -> str:
         raise ValueError(f"replica id {replica!r} is not a single subject token")
     return f"{PREFIX}.shard.{replica}.summary"
 
+
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
 MAX_NODE_NAME = 253

@@ -92,6 +92,7 @@ class AllRules:
 
     @property
     def full_evaluation_running(self) -> bool:
+        """Whether an evaluation runs in the worker thread right now."""
         return self._worker is not None and not self._worker.done()
 
     async def evaluate_async(
@@ -101,7 +102,8 @@ class AllRules:
         labels or thresholds) or one of more than MAX_ON_LOOP changed nodes runs in a
         worker thread, over a copy of the fleet's (immutable) records, while the event loop
         keeps ingesting: its findings are exactly those of the fleet when the copy was
-        taken; the next call catches up with what changed meanwhile."""
+        taken; the next call catches up with what changed meanwhile. (A subclass that
+        overrides `evaluate` must override this too.)"""
         if self._worker is not None:  # an abandoned one still finishing its current rule
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._worker)

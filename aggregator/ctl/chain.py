@@ -118,12 +118,13 @@ def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
         else Text(f"broken at link {result.first_broken} ({_first(result)})", style="bold red")
     )
     console.print(Text.assemble(f"{result.resource} on {result.node}: ", verdict))
+    width = max((len(link.name) for link in result.links), default=0)
     for index, link in enumerate(result.links):
         mark, style = _MARK.get(link.status, ("?", "yellow"))
         first = index == result.first_broken
         line = Text.assemble(
             (f" {mark} ", style),
-            (f"{index} {link.name:<13}", f"bold {style}" if first else style),
+            (f"{index} {link.name:<{width}}", f"bold {style}" if first else style),
             (f" {link.status}", style),
         )
         if first:

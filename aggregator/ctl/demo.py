@@ -211,8 +211,13 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         if serve:
             console.print(
                 f"\nFleet running. API: {fleet.api_url}   NATS: {fleet.nats_url}\n"
-                f"Try: nicfleetctl --server {fleet.api_url} nodes\n"
-                f"     nicfleetctl --server {fleet.api_url} node {FAULT_NODE}\n"
+                f"Status page: {fleet.api_url}/ui/\n"
+                f"Try: export NICFLEET_SERVER={fleet.api_url}\n"
+                f"     nicfleetctl nodes\n"
+                f"     nicfleetctl node {FAULT_NODE}\n"
+                f"     nicfleetctl findings --node {FAULT_NODE}\n"
+                f"     nicfleet-agent lab fault port-down --root {workdir / 'gpu-ib-02'} "
+                f"--device mlx5_0\n"
                 f"Logs and sysfs trees: {workdir}\nPress Ctrl-C to stop."
             )
             if spinner is not None:
@@ -227,12 +232,23 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
 
 
 def _wait_for_interrupt(fleet: Fleet) -> None:
+    """Until Ctrl-C or SIGTERM, checking every process still runs. Both are handled here:
+    a shell starts background jobs with SIGINT ignored, and an unhandled SIGTERM would
+    leave the agents and the aggregator running."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             fleet.check_alive()
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @click.command()

@@ -7,6 +7,7 @@ subject, listing every problem found there.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Final
@@ -16,6 +17,7 @@ from aggregator.fleet import NodeRecord
 from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, FLAP_COUNTERS, RETRY_COUNTERS
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import ports, subject
+from aggregator.rules.nodememo import NodeMemo
 from aggregator.rules.thresholds import Thresholds
 from aggregator.rules.versions import parse_version
 from proto.inventory import NodeSnapshot
@@ -41,7 +43,10 @@ def check_data_quality(
         if record.snapshot is None:
             problems.setdefault((node, "snapshot"), []).append("no inventory snapshot received yet")
         else:
-            _snapshot_problems(node, record.snapshot, problems)
+            snap = record.snapshot
+            known = _SNAPSHOT.get(node, snap, None, functools.partial(_of_snapshot, node, snap))
+            for key, found_there in known:
+                problems.setdefault(key, []).extend(found_there)
         if record.counters is not None:
             _counter_problems(node, record.counters, problems)
     found: list[Finding] = []
@@ -61,6 +66,19 @@ def check_data_quality(
             )
         )
     return found
+
+
+# A node's snapshot problems, kept while its snapshot is the same object: a counter batch
+# (every second per node) re-runs this rule for the node without re-reading the snapshot.
+_SNAPSHOT: Final[NodeMemo[tuple[tuple[tuple[str, str], tuple[str, ...]], ...]]] = NodeMemo()
+
+
+def _of_snapshot(
+    node: str, snap: NodeSnapshot
+) -> tuple[tuple[tuple[str, str], tuple[str, ...]], ...]:
+    problems: dict[tuple[str, str], list[str]] = {}
+    _snapshot_problems(node, snap, problems)
+    return tuple((key, tuple(listed)) for key, listed in problems.items())
 
 
 def _snapshot_problems(

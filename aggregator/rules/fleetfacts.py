@@ -15,6 +15,7 @@ from typing import Final, TypeVar
 
 from aggregator.cluster import ClusterView, policies_by_node
 from aggregator.fleet import ACTIVE_STATES, NodeRecord
+from aggregator.rules.nodememo import NodeMemo
 from proto.inventory import Device, NodeSnapshot, Port
 from proto.policy import Expect, Policy
 
@@ -130,20 +131,12 @@ def compute_adapters(snap: NodeSnapshot, expect: Expect) -> list[Device]:
     return sorted(chosen, key=lambda d: (d.pci_address or "~", d.name))
 
 
-# node -> (snapshot, expect.linkLayer, its compute adapters): several rules ask for them
-# per node and evaluation. One entry per node name, kept while the snapshot object is.
-_ADAPTERS: dict[str, tuple[NodeSnapshot, str | None, tuple[Device, ...]]] = {}
-_MAX_REMEMBERED: Final = 1 << 16  # node names; beyond: forget all (removed nodes linger)
+_ADAPTERS: Final[NodeMemo[tuple[Device, ...]]] = NodeMemo()
 
 
 def node_compute_adapters(node: str, snap: NodeSnapshot, expect: Expect) -> tuple[Device, ...]:
-    """`compute_adapters`, computed once per snapshot object of `node` (records are
-    immutable: the same object has the same adapters)."""
-    hit = _ADAPTERS.get(node)
-    if hit is not None and hit[0] is snap and hit[1] == expect.link_layer:
-        return hit[2]
-    adapters = tuple(compute_adapters(snap, expect))
-    if len(_ADAPTERS) >= _MAX_REMEMBERED:
-        _ADAPTERS.clear()
-    _ADAPTERS[node] = (snap, expect.link_layer, adapters)
-    return adapters
+    """`compute_adapters`, computed once per snapshot object of `node` (several rules ask
+    for them per node and evaluation)."""
+    return _ADAPTERS.get(
+        node, snap, expect.link_layer, lambda: tuple(compute_adapters(snap, expect))
+    )

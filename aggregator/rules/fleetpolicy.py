@@ -274,14 +274,15 @@ def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding
         several, usuals = cast(tuple[bool, tuple[object, ...]], facts[i])
         if not several:
             continue
-        attrs = dict(zip(RAIL_KEYS, cast(Rail, rail), strict=True))
-        differs: dict[str, object] = {}
-        for key, usual in zip(RAIL_KEYS, usuals, strict=True):
-            value = attrs[key]
-            if value is not None and value != usual:
-                differs[key] = usual
+        values = cast(Rail, rail)
+        differs: dict[str, object] = {
+            key: usual
+            for key, value, usual in zip(RAIL_KEYS, values, usuals, strict=True)
+            if value is not None and value != usual
+        }
         if not differs:
             continue
+        attrs = dict(zip(RAIL_KEYS, values, strict=True))
         what = ", ".join(
             f"{k} {attrs[k]} (peers: {'no majority' if v is None else v})"
             for k, v in differs.items()

@@ -19,15 +19,16 @@ from prometheus_client import CollectorRegistry
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
+from aggregator.api import ApiSettings, build_app
 from aggregator.api_alerts import add_alert_routes
 from aggregator.changes import ChangeFeed
-from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
 from aggregator.ctl.main import cli
 from aggregator.fleet import Fleet
 from aggregator.rules.finding import Finding, Severity
 from proto.policy import Policy
 from tests.builders import T0, snapshot
-from tests.integration._api_fixtures import STALE_AFTER, Harness, serve_in_thread
+from tests.integration._api_fixtures import NOW, STALE_AFTER, Harness, serve_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -267,6 +268,52 @@ async def test_a_cursor_survives_the_removal_of_its_own_node(client: Client, fle
     fleet.forget(page["items"][-1]["name"])  # node-00009
     following = await get_json(client, "/api/v1/nodes", limit=2, **{"continue": page["continue"]})
     assert [i["name"] for i in following["items"]] == [node_name(10), node_name(11)]
+
+
+def rack_cluster(count: int) -> ClusterView:
+    """Every node but the last 100 in the cluster, labelled rack=r0..r3; every 10th cordoned."""
+    nodes = {}
+    for i in range(count - 100):
+        labels = {"rack": f"r{i % 4}", "nicfleet.io/rail": str(i % 8)}
+        if i % 10 == 0:
+            labels["cordoned"] = ""
+        nodes[node_name(i)] = ClusterNode(name=node_name(i), labels=labels)
+    return ClusterView(present=True, nodes=nodes)
+
+
+@pytest.mark.parametrize(
+    ("label", "total"),
+    [
+        pytest.param("rack=r1", 600, id="equals"),
+        pytest.param("rack!=r1", 1900, id="not-equals-includes-unlabelled"),
+        pytest.param("cordoned", 240, id="exists"),
+        pytest.param("!cordoned", 2260, id="absent"),
+        pytest.param("rack=r2,nicfleet.io/rail=6,!cordoned", 240, id="all-of"),
+        pytest.param("rack=r9", 0, id="none"),
+    ],
+)
+async def test_label_selector_on_the_cluster_view(label: str, total: int) -> None:
+    fleet = fleet_of(WALK_NODES)
+    cluster = rack_cluster(WALK_NODES)
+    app = build_app(
+        fleet=fleet,
+        settings=ApiSettings(stale_after=STALE_AFTER),
+        readiness=lambda: (True, "ok"),
+        clock=lambda: NOW,
+        cluster_source=lambda: cluster,
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        body = await get_json(client, "/api/v1/nodes", label=label, limit=200)
+        assert body["total"] == total
+        items = await walk(client, "/api/v1/nodes", label=label, limit=500)
+        assert len(items) == total
+        assert len({i["name"] for i in items}) == total
+        bad = await get_json(client, "/api/v1/nodes", 400, label="rack in (r1)")
+        assert bad["error"]["field"] == "label"
+        if "continue" in body:
+            other = await get_json(client, "/api/v1/nodes", 400, label="rack=r3",
+                                   **{"continue": body["continue"]})  # fmt: skip
+            assert other["error"]["field"] == "continue"
 
 
 @pytest.fixture(scope="module")

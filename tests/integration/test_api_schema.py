@@ -67,6 +67,8 @@ KNOWN: tuple[tuple[str, dict[str, Any]], ...] = (
     ("/api/v1/nodes/{node}", {"path_parameters": {"node": "gpu-010"}}),
     ("/api/v1/nodes/{node}", {"path_parameters": {"node": "gpu-00"}}),  # 404 + suggestions
     ("/api/v1/nodes", {"query": {"state": "stale", "limit": 1, "offset": 0}}),
+    ("/api/v1/nodes", {"query": {"name": "gpu-0*", "label": "!cordoned,rack!=r1", "limit": 2}}),
+    ("/api/v1/findings", {"query": {"severity": "critical", "limit": 1}}),
     ("/api/v1/trace", {"query": {"node": "gpu-001", "resource": RES}}),
     ("/api/v1/trace", {"query": {"node": "gpu-002", "resource": RES}}),
     ("/api/v1/trace", {"query": {"node": "gpu-002", "resource": "rdma/other"}}),  # 404

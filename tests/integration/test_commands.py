@@ -93,6 +93,35 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     assert _processes_mentioning(str(workdir)) == []
 
 
+def test_demo_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
+    """Started in the background (SIGINT ignored, as a shell does) and ended with SIGTERM."""
+    workdir, out = tmp_path / "demo", tmp_path / "demo.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aggregator.ctl", "demo", "--serve", "--workdir", str(workdir)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while b"Press Ctrl-C" not in out.read_bytes():
+            assert proc.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() < deadline, "demo --serve did not come up"
+            time.sleep(0.1)
+        text = out.read_text()
+        assert "Status page: http://127.0.0.1:" in text
+        assert f"--root {workdir / 'gpu-ib-02'} --device mlx5_0" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "all processes stopped" in out.read_text()
+    assert _processes_mentioning(str(workdir)) == []
+
+
 def test_aggregator_rejects_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(

@@ -47,7 +47,7 @@ def test_trace_broken_exits_1_with_cause_and_fix(server: str) -> None:
     assert result.exit_code == 1, result.output
     out = result.stdout
     assert out.startswith("rdma/ib on gpu-002: broken at link 3 (rdma-device)")
-    assert " ✘ 3 rdma-device   broken  <- first broken link" in out
+    assert " ✘ 3 rdma-device      broken  <- first broken link" in out
     assert "cause: no active port on the selected adapters (mlx5_0/1, mlx5_1/1)" in out
     assert "fix:   check cable, transceiver and switch port" in out
     assert '"mlx5_0/1": "DOWN/Disabled InfiniBand"' in out  # evidence of a broken link

@@ -5,32 +5,31 @@ process finds; a replica that dies is taken over and no finding is lost."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from aggregator.alerts.engine import EngineSettings
-from aggregator.alerts.setup import AlertWiring
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
 from aggregator.natsauth import Identity, Role, render_mappings_config, render_server_config
 from aggregator.natskeys import new_user_seed, public_key
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.rules.registry import evaluate
-from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.shards import ShardSettings, partition_of
+from aggregator.shards import partition_of
 from proto import subjects
 from proto.codec import encode
 from proto.inventory import NodeSnapshot
 from tests.conftest import wait_until
+from tests.integration.faults import AggregatorProcess
 from tests.integration.jscluster import js_cluster
 from tests.unit.rules_cases import adapter, node
 
@@ -161,64 +160,35 @@ async def jetstream_ready(url: str) -> None:
         await nc.close()
 
 
-@asynccontextmanager
-async def replicas(
-    urls: list[str],
-) -> AsyncIterator[dict[str, tuple[AggregatorService, asyncio.Task[None]]]]:
-    running: dict[str, tuple[AggregatorService, asyncio.Task[None]]] = {}
-    stop = asyncio.Event()
+class ShardReplica(AggregatorProcess):
+    """`nicfleet-aggregator run --partitions` as a child process; `kill()` is SIGKILL."""
+
+    def __init__(self, nats_url: str, work: Path, name: str, partitions: int = PARTS) -> None:
+        super().__init__(nats_url, work, name)
+        self.name = name
+        self._args += ["--partitions", str(partitions), "--identity", name]
+
+    async def view(self) -> dict[str, Any] | None:
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                reply = await client.get(f"{self.api_url}/api/v1/shards")
+        except httpx.HTTPError:
+            return None
+        return dict(reply.json()) if reply.status_code == 200 else None
+
+
+@contextmanager
+def replica_processes(
+    urls: list[str], work: Path, partitions: int = PARTS
+) -> Iterator[list[ShardReplica]]:
+    started = [
+        ShardReplica(url, work, f"r{i}", partitions).start() for i, url in enumerate(urls, 1)
+    ]
     try:
-        for i, url in enumerate(urls, start=1):
-            service = AggregatorService(
-                AggregatorSettings(
-                    nats_url=url,
-                    listen_port=0,
-                    identity=f"r{i}",
-                    shards=ShardSettings(partitions=PARTS, heartbeat_s=0.5, ttl_s=3.0),
-                    alerts=AlertWiring(engine=EngineSettings(tick_s=0.5)),
-                )
-            )
-            task = asyncio.create_task(service.run(stop))
-            running[f"r{i}"] = (service, task)
-            await asyncio.wait_for(service.ready.wait(), timeout=30)
-        yield running
+        yield started
     finally:
-        stop.set()
-        for _, task in running.values():
-            if not task.done():
-                await asyncio.wait_for(task, timeout=30)
-
-
-def alive(
-    running: dict[str, tuple[AggregatorService, asyncio.Task[None]]],
-) -> list[AggregatorService]:
-    return [s for s, task in running.values() if not task.done()]
-
-
-def held_once(services: list[AggregatorService], count: int) -> bool:
-    """Every partition held by exactly one of `count` replicas that see each other."""
-    shards = [s.shard for s in services if s.shard is not None]
-    held = [p for shard in shards for p in shard.held]
-    return (
-        len(shards) == count
-        and all(len(shard.live) == count for shard in shards)
-        and sorted(held) == list(range(PARTS))
-    )
-
-
-def nodes_once(services: list[AggregatorService]) -> bool:
-    names = [n for s in services for n in s.fleet.names()]
-    return sorted(names) == sorted(NODES)
-
-
-def findings(services: list[AggregatorService]) -> Fingerprints:
-    return {
-        f.fingerprint
-        for s in services
-        if s.alerts is not None
-        for f in s.alerts.findings
-        if f.rule != "agent-stale"
-    }
+        for replica in started:
+            replica.stop()
 
 
 @asynccontextmanager
@@ -242,33 +212,86 @@ async def simulated_agents(urls: list[str]) -> AsyncIterator[None]:
             await nc.close()
 
 
+class Fleetwide:
+    """The replicas' `/api/v1/shards` views, refreshed by `poll` (a wait_until predicate)."""
+
+    def __init__(self, replicas: list[ShardReplica]) -> None:
+        self.replicas = replicas
+        self.views: list[dict[str, Any]] = []
+
+    async def poll(self) -> bool:
+        views = [await r.view() for r in self.replicas]
+        self.views = [v for v in views if v is not None]
+        return len(self.views) == len(self.replicas)
+
+    def held_once(self) -> bool:
+        """Every partition held by exactly one replica, all seeing the same live set."""
+        held = sorted(p for v in self.views for p in v["held"])
+        live = {tuple(v["live"]) for v in self.views}
+        return held == list(range(PARTS)) and live == {tuple(r.name for r in self.replicas)}
+
+    def nodes_once(self) -> bool:
+        return sorted(n for v in self.views for n in v["node_names"]) == sorted(NODES)
+
+    def findings(self) -> Fingerprints:
+        return {
+            (f["rule"], f["node"], f["subject"])
+            for v in self.views
+            for f in v["findings"]
+            if f["rule"] != "agent-stale"
+        }
+
+
 @pytest.mark.slow
-async def test_three_replicas_share_the_fleet_and_survive_a_crash(tmp_path: Path) -> None:
+async def test_three_replicas_share_the_fleet_and_survive_a_sigkill(tmp_path: Path) -> None:
     config = tmp_path / "mappings.conf"
     config.write_text(render_mappings_config(PARTS))
+    expected = expected_findings()
+    assert ("fw-skew", ODD, "mlx5_0") in expected
     with js_cluster(tmp_path, config=config, name="shards") as servers:
         urls = [s.url for s in servers.values()]
-        await jetstream_ready(urls[0])
-        async with replicas(urls) as running, AsyncExitStack() as stack:
-            await wait_until(lambda: held_once(alive(running), 3), timeout=20,
-                             what="3 replicas hold all partitions")  # fmt: skip
-            await stack.enter_async_context(simulated_agents(urls))
-            await wait_until(lambda: nodes_once(alive(running)), timeout=20,
-                             what="every node held by exactly one replica")  # fmt: skip
-            assert all(len(s.fleet) < len(NODES) for s in alive(running))  # really shared
-            expected = expected_findings()
-            assert ("fw-skew", ODD, "mlx5_0") in expected
-            await wait_until(lambda: findings(alive(running)) == expected, timeout=20,
-                             what="sharded findings equal one process's")  # fmt: skip
+        await jetstream_ready(urls[0])  # else a replica's first KV call may fail: it exits
+        with replica_processes(urls, tmp_path) as replicas:
+            await run_and_kill(urls, replicas, expected)
 
-            # The replica holding the odd node dies without a goodbye (heartbeat left to
-            # expire, connection dropped): the survivors take its partitions over.
-            victim = next(r for r, (s, _) in running.items() if ODD in s.fleet)
-            running[victim][1].cancel()
-            await asyncio.gather(running[victim][1], return_exceptions=True)
-            survivors = alive(running)
-            await wait_until(lambda: held_once(survivors, 2) and nodes_once(survivors),
-                             timeout=15, what="survivors hold every node again")  # fmt: skip
-            await wait_until(lambda: findings(survivors) == expected, timeout=15,
-                             what="no finding lost")  # fmt: skip
-            assert sum(s.shard.takeovers for s in survivors if s.shard is not None) > 0
+
+async def run_and_kill(
+    urls: list[str], replicas: list[ShardReplica], expected: Fingerprints
+) -> None:
+    """Start sharing, check it, SIGKILL one replica, check the takeover."""
+    await wait_until(lambda: all(r.is_ready() for r in replicas), timeout=60, interval=0.2,
+                     what="3 replicas ready")  # fmt: skip
+    fleet = Fleetwide(replicas)
+
+    async def settled() -> bool:
+        return await fleet.poll() and fleet.held_once()
+
+    await wait_until(settled, timeout=30, interval=0.2, what="3 replicas hold all partitions")
+    async with simulated_agents(urls):
+
+        async def shared() -> bool:
+            return await fleet.poll() and fleet.nodes_once() and fleet.findings() == expected
+
+        await wait_until(shared, timeout=30, interval=0.2,
+                         what="each node held once, findings equal one process's")  # fmt: skip
+        assert all(len(v["node_names"]) < len(NODES) for v in fleet.views)  # really shared
+
+        # SIGKILL the replica holding the odd node (whose fw-skew finding needs the
+        # other replicas' votes): the survivors take its partitions over.
+        victim = next(
+            r for r, v in zip(replicas, fleet.views, strict=True) if ODD in v["node_names"]
+        )
+        victim.kill()
+        survivors = Fleetwide([r for r in replicas if r is not victim])
+
+        async def taken_over() -> bool:
+            return (
+                await survivors.poll()
+                and survivors.held_once()
+                and survivors.nodes_once()
+                and survivors.findings() == expected
+            )
+
+        await wait_until(taken_over, timeout=15, interval=0.2,
+                         what="survivors hold every node, no finding lost")  # fmt: skip
+        assert sum(v["takeovers"] for v in survivors.views) > 0

@@ -23,7 +23,9 @@ from aggregator.natsauth import (
     ServerTls,
     agent_permissions,
     aggregator_permissions,
+    partition_mappings,
     permissions_for,
+    render_mappings_config,
     render_server_config,
 )
 from aggregator.natskeys import new_user_seed, provision, public_key
@@ -76,9 +78,15 @@ KEY = public_key(new_user_seed())
                     "$JS.FC.>",
                     "nicfleet.v1.alert.>",
                     "nicfleet.v1.control.resync",
+                    "nicfleet.v1.shard.*.summary",
                 ),
-                publish_deny=("nicfleet.v1.node.>",),
-                subscribe_allow=("nicfleet.v1.node.>", "_INBOX.>"),
+                publish_deny=("nicfleet.v1.node.>", "nicfleet.v1.part.>"),
+                subscribe_allow=(
+                    "nicfleet.v1.node.>",
+                    "_INBOX.>",
+                    "nicfleet.v1.part.>",
+                    "nicfleet.v1.shard.*.summary",
+                ),
             ),
             id="aggregator-never-publishes-node-subjects",
         ),
@@ -335,3 +343,32 @@ def test_aggregator_run_refuses_bad_nats_settings(args: list[str], message: str)
     result = CliRunner().invoke(aggregator_main, ["run", *args])
     assert result.exit_code == 2
     assert f"error: {message}" in result.output
+
+
+def test_partition_mapping_spreads_node_subjects_by_node_token() -> None:
+    assert partition_mappings(0) == {}
+    assert partition_mappings(12) == {
+        "nicfleet.v1.node.*.*": "nicfleet.v1.part.{{partition(12,1)}}.node.{{wildcard(1)}}"
+        ".{{wildcard(2)}}"
+    }
+    assert json.loads(render_mappings_config(3))["mappings"] == partition_mappings(3)
+
+
+@pytest.mark.parametrize("partitions", [-1, 1025])
+def test_partition_count_out_of_range_is_refused(partitions: int) -> None:
+    with pytest.raises(ValueError, match="partitions"):
+        partition_mappings(partitions)
+
+
+def test_partitioned_config_lets_agents_publish_their_own_mapped_subjects() -> None:
+    """nats-server checks publish permissions on the mapped subject (tests/integration/
+    test_shards.py), so an agent may publish its own node's partition subjects only."""
+    agent = Identity(Role.AGENT, "U" + "A" * 55, "rack1.gpu-01")
+    doc = json.loads(render_server_config((agent,), partitions=12))
+    assert doc["mappings"] == partition_mappings(12)
+    allowed = doc["authorization"]["users"][0]["permissions"]["publish"]["allow"]
+    assert "nicfleet.v1.part.*.node.rack1_gpu-01.>" in allowed
+    plain = json.loads(render_server_config((agent,)))
+    assert "mappings" not in plain
+    assert not any(".part." in s for s in plain["authorization"]["users"][0]["permissions"]
+                   ["publish"]["allow"])  # fmt: skip

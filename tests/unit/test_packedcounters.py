@@ -74,9 +74,20 @@ DELTA = batch(
     ids=["full", "delta", "no-ports", "empty-port"],
 )
 def test_packed_and_map_forms_decode_to_the_same_batch(message: CounterBatch) -> None:
-    assert decode(encode(message), CounterBatch) == message
+    assert decode(packed(message), CounterBatch) == message
     assert decode(encode_map(message), CounterBatch) == message
+    assert decode(encode(message), CounterBatch) == message
     assert unpack(pack(message)) == message
+
+
+def packed(message: CounterBatch) -> bytes:
+    """The packed form whatever the batch (encode packs full batches only)."""
+    return encode(pack(message))
+
+
+def test_full_batches_go_out_packed_and_deltas_as_maps() -> None:
+    assert msgspec.msgpack.decode(encode(batch()))[0] == "nicfleet.v1.PackedCounterBatch"
+    assert msgspec.msgpack.decode(encode(DELTA))["schema"] == "nicfleet.v1.CounterBatch"
 
 
 def test_packed_is_an_array_and_much_smaller() -> None:
@@ -199,6 +210,7 @@ batches = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(batches)
 def test_any_batch_round_trips_packed(message: CounterBatch) -> None:
+    assert decode(packed(message), CounterBatch) == message
     assert decode(encode(message), CounterBatch) == message
 
 
@@ -208,7 +220,7 @@ def test_corrupted_indexes_give_a_codec_error_or_a_batch(
     message: CounterBatch, edits: list[tuple[int, int]]
 ) -> None:
     """Overwrite ints anywhere in the packed arrays: never anything but CodecError."""
-    raw = msgspec.msgpack.decode(encode(message))
+    raw = msgspec.msgpack.decode(packed(message))
     slots: list[tuple[list[Any], int]] = []
 
     def collect(node: Any) -> None:

@@ -381,3 +381,9 @@ def test_evidence_config_leaves_out_unset_fields() -> None:
         "selectors": {"vendors": ["15b3"]},
         "exclusive": False,
     }
+
+
+def test_unknown_resource_on_a_node_without_any_says_how_to_get_one() -> None:
+    error = UnknownResource(NODE, "rdma/ib", ())
+    assert "its agent serves none" in str(error)
+    assert "--device-plugin-config" in str(error)

@@ -1,0 +1,133 @@
+"""Plot how the aggregator's costs grow with the fleet (issue 8): docs/performance-growth.png.
+
+Reads the `--json` results under bench/results/ (restart, memory, fan-out; ingest and API
+latency when their files exist) and draws one panel per figure against the node count,
+with the issue's targets as dashed lines. Run: .venv/bin/python bench/plot_growth.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+
+REPO: Final = Path(__file__).resolve().parents[1]
+RESULTS: Final = REPO / "bench" / "results"
+Series = dict[str, list[tuple[int, float]]]
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def restart(doc: Any) -> Series:
+    out: Series = {}
+    for size in doc["sizes"]:
+        for variant, stats in size["time_to_ready_s"].items():
+            out.setdefault(f"time to ready, {variant}", []).append((size["nodes"], stats["median"]))
+    return out
+
+
+def memory(doc: Any) -> Series:
+    points = [(p["nodes"], p["per_node_kb"]["median"]) for p in doc.get("process", [])]
+    return {"RSS growth per node (process)": points}
+
+
+def fanout(doc: Any) -> Series:
+    out: Series = {}
+    for size in doc["sizes"]:
+        out.setdefault("p50", []).append((size["agents"], size["median_p50_s"]))
+        out.setdefault("p99", []).append((size["agents"], size["median_p99_s"]))
+    return out
+
+
+def ingest(doc: Any) -> Series:
+    out: Series = {}
+    for point in doc.get("points", []):
+        for key in ("aggregator_msgs_s", "bare_msgs_s"):
+            value = point.get(key)
+            if isinstance(value, dict):
+                value = value.get("median")
+            if isinstance(value, int | float):
+                out.setdefault(key.replace("_msgs_s", " msgs/s"), []).append(
+                    (point["nodes"], value)
+                )
+    return out
+
+
+def _p99_points(doc: Any, path: str = "") -> Iterator[tuple[str, int, float]]:
+    """Every numeric `*p99*` value of a dict that also says `nodes`, named by its path."""
+    if isinstance(doc, dict):
+        nodes = doc.get("nodes")
+        for key, value in doc.items():
+            if isinstance(nodes, int) and "p99" in key and isinstance(value, int | float):
+                yield (path or key), nodes, float(value)
+            else:
+                yield from _p99_points(value, f"{path}.{key}".strip(".") if path else key)
+    elif isinstance(doc, list):
+        for item in doc:
+            yield from _p99_points(item, path)
+
+
+def api(doc: Any) -> Series:
+    out: Series = {}
+    for name, nodes, value in _p99_points(doc):
+        out.setdefault(name, []).append((nodes, value))
+    return out
+
+
+def panel(ax: Axes, title: str, unit: str, series: Series, target: float | None) -> None:
+    for name, points in series.items():
+        points = sorted(points)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    if target is not None:
+        ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}")
+    ax.set_xscale("log")
+    ax.set_xticks([1000, 3000, 10000], ["1k", "3k", "10k"])
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "performance-growth.png")
+    opts = parser.parse_args()
+    figures = [
+        ("aggregator_restart.json", "Restart: cold start until ready", "s", restart, 10.0),
+        ("memory_scale.json", "Memory: aggregator RSS per node", "KiB", memory, 50.0),
+        ("policy_fanout.json", "Fan-out: config change to all applied", "s", fanout, 2.0),
+        ("ingest_scale.json", "Ingest: counter batches applied", "msgs/s", ingest, None),
+        ("api_latency.json", "API latency p99", "as in the file", api, None),
+    ]
+    panels = []
+    for name, title, unit, read, target in figures:
+        doc = load(opts.results / name)
+        series = read(doc) if doc is not None else {}
+        if any(series.values()):
+            panels.append((title, unit, series, target))
+    if not panels:
+        raise SystemExit(f"no results under {opts.results}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (title, unit, series, target) in zip(axes[0], panels, strict=True):
+        panel(ax, title, unit, series, target)
+    fig.suptitle("nicfleet aggregator at 1k / 3k / 10k nodes (loaded 2-core machine)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(opts.out, dpi=110)
+    print(f"wrote {opts.out} ({len(panels)} panels)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Benchmark (issue 8, scale out): counter batches applied per second by 1, 2, 3 sharded
+aggregator replicas (`run --partitions`, docs/scaling.md) at 1 Hz per node, and the largest
+node count each replica count sustains (applied >= 95 % of offered over the window).
+
+One nats-server with the partition mapping, the replicas as processes, bench/loadgen.py's
+simulated agents. On a 2-core machine the load generator, nats-server and the replicas share
+the cores, so this shows the trend only. Never a test.
+Run: PYTHONPATH=. .venv/bin/python bench/shard_scale.py --replicas 1 2 3 --nodes 1000 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from loadgen import LoadGen, LoadSpec, build_templates
+from prometheus_client.parser import text_string_to_metric_families
+
+from aggregator.natsauth import render_mappings_config
+from aggregator.natsserver import NatsServer, NatsServerSettings
+from tests.conftest import wait_until
+from tests.integration.test_shards import Fleetwide, ShardReplica, replica_processes
+
+SUSTAINED: Final = 0.95
+
+
+async def applied_counters(http: aiohttp.ClientSession, api_url: str) -> float:
+    async with http.get(f"{api_url}/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "nicfleet_ingest_messages"
+        for s in family.samples
+        if s.name.endswith("_total") and s.labels.get("kind") == "counters"
+    )
+
+
+async def total(http: aiohttp.ClientSession, replicas: list[ShardReplica]) -> float:
+    return sum([await applied_counters(http, r.api_url) for r in replicas])
+
+
+async def one(replicas: int, nodes: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config = work / "mappings.conf"
+    config.write_text(render_mappings_config(args.partitions))
+    with (
+        NatsServer(NatsServerSettings(store_dir=work / "nats", config_file=config)) as server,
+        replica_processes([server.url] * replicas, work, args.partitions) as running,
+    ):
+        await wait_until(lambda: all(r.is_ready() for r in running), timeout=120,
+                         interval=0.2, what="replicas ready")  # fmt: skip
+        fleet = Fleetwide(running)
+
+        async def settled() -> bool:
+            held = await fleet.poll() and sorted(p for v in fleet.views for p in v["held"])
+            return held == list(range(args.partitions))
+
+        await wait_until(settled, timeout=60, interval=0.2, what="partitions held")
+        spec = LoadSpec(nats_url=server.url, nodes=nodes, processes=args.processes,
+                        duration_s=args.duration, hz=1.0)  # fmt: skip
+        gen = LoadGen(spec, build_templates(spec.shape))
+        try:
+            await asyncio.to_thread(gen.start)
+            start_at = gen.go()
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                await asyncio.sleep(max(0.0, start_at - time.time()) + args.duration / 2)
+                t0, c0 = time.monotonic(), await total(http, running)
+                await asyncio.sleep(args.duration / 2 - 1)
+                t1, c1 = time.monotonic(), await total(http, running)
+            await asyncio.to_thread(gen.finish)
+        finally:
+            gen.stop()
+    rate = (c1 - c0) / (t1 - t0)
+    return {
+        "replicas": replicas,
+        "nodes": nodes,
+        "offered_msgs_s": nodes,
+        "applied_msgs_s": round(rate, 1),
+        "sustained": rate >= SUSTAINED * nodes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--processes", type=int, default=2, help="load generator processes")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args()
+    rows = []
+    for replicas in args.replicas:
+        for nodes in args.nodes:
+            with tempfile.TemporaryDirectory(prefix="nicfleet-shards-") as tmp:
+                rows.append(asyncio.run(one(replicas, nodes, args, Path(tmp))))
+    best = {
+        r: max((row["nodes"] for row in rows if row["replicas"] == r and row["sustained"]),
+               default=0)
+        for r in args.replicas
+    }  # fmt: skip
+    doc = {"benchmark": "shard_scale", "rows": rows, "max_sustained_nodes": best}
+    print(json.dumps(doc) if args.json else json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
