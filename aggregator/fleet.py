@@ -298,6 +298,8 @@ def _merge_port(base: PortCounters, change: PortCounters) -> PortCounters:
 
 
 def _merged(base: dict[str, _V], change: dict[str, _V], gone: set[str] | None) -> dict[str, _V]:
+    if not change and not gone:
+        return base  # shared, like unchanged ports: stored batches are never mutated
     merged = base | change
     for name in gone or ():
         merged.pop(name, None)

@@ -150,7 +150,9 @@ class ShardOwner:
     async def tick(self, *, first: bool = False) -> None:
         assert self._kv is not None
         now = self._clock()
-        await self._kv.put(self.me, encode(self.shard_rules.summary(self.me, self.held, now)))
+        beat = ShardSummary(replica=self.me, partitions=tuple(sorted(self.held)),
+                            nodes=len(self._fleet), sent_at=now)  # fmt: skip
+        await self._kv.put(self.me, encode(beat))  # the votes go on the summary subject
         self.live = live_replicas(await self._heartbeats(now), now, self._settings.ttl_s)
         mine = plan(self._settings.partitions, self.live | {self.me})
         self.owners = {p: r for r, parts in mine.items() for p in parts}

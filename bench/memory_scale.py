@@ -113,8 +113,12 @@ def rss_kb(pid: int) -> tuple[int, int]:
 
 
 def ingested(api_url: str) -> float:
-    with urllib.request.urlopen(f"{api_url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    """Node messages the aggregator applied; -1 while its API does not answer in time."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    except (TimeoutError, OSError):
+        return -1
     return sum(
         float(v) for v in re.findall(r"^nicfleet_ingest_messages_total\{[^}]*\} (\S+)", text, re.M)
     )
@@ -166,8 +170,8 @@ async def process_run(tpl: Templates, nodes: int, work: Path) -> dict[str, Any]:
                         sent += 1
                 await nc.flush()
                 target = sent - CHUNK  # at most one chunk in flight
-                await wait_for(lambda t=target: ingested(api) >= t, 120, "ingest")
-            await wait_for(lambda: ingested(api) >= sent, 120, "ingest")
+                await wait_for(lambda t=target: ingested(api) >= t, 600, "ingest")
+            await wait_for(lambda: ingested(api) >= sent, 600, "ingest")
             ingest_s = time.monotonic() - started
             await nc.close()
             full = await settled_rss(pid)

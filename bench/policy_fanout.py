@@ -191,10 +191,14 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         target = [1]
         nc = await nats.connect(server.url)
 
+        # Keyed by the policy's rdmaHcaMax that the node advertises (1, 2, 3, ... per change),
+        # not by config generation: the aggregator may bump a node's generation for other
+        # reasons (e.g. while 10,000 nodes join), which would look like the change applied.
         async def on_status(msg: Any) -> None:
             status = decode(msg.data, DevicePluginStatus)
-            latest[status.node] = max(latest.get(status.node, 0), status.config_generation)
-            if status.config_generation >= target[0] and status.node not in arrivals:
+            hca = status.resources[0].advertised if status.resources else 0
+            latest[status.node] = max(latest.get(status.node, 0), hca)
+            if hca >= target[0] and status.node not in arrivals:
                 arrivals[status.node] = time.time()
 
         await nc.subscribe(subjects.NODE_WILDCARD.replace(".*.*", ".*.status"), cb=on_status)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -61,7 +62,8 @@ async def one(replicas: int, nodes: int, args: argparse.Namespace, work: Path) -
             held = await fleet.poll() and sorted(p for v in fleet.views for p in v["held"])
             return held == list(range(args.partitions))
 
-        await wait_until(settled, timeout=60, interval=0.2, what="partitions held")
+        if args.partitions:  # 0: plain (unsharded) aggregators, the baseline
+            await wait_until(settled, timeout=60, interval=0.2, what="partitions held")
         spec = LoadSpec(nats_url=server.url, nodes=nodes, processes=args.processes,
                         duration_s=args.duration, hz=1.0)  # fmt: skip
         gen = LoadGen(spec, build_templates(spec.shape))
@@ -90,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
-    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--partitions", type=int, default=12, help="0: unsharded baseline")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--processes", type=int, default=2, help="load generator processes")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -105,7 +107,13 @@ def main() -> None:
                default=0)
         for r in args.replicas
     }  # fmt: skip
-    doc = {"benchmark": "shard_scale", "rows": rows, "max_sustained_nodes": best}
+    doc = {
+        "benchmark": "shard_scale",
+        "partitions": args.partitions,
+        "load_average_1m": round(os.getloadavg()[0], 1),
+        "rows": rows,
+        "max_sustained_nodes": best,
+    }
     print(json.dumps(doc) if args.json else json.dumps(doc, indent=1))
 
 

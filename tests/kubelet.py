@@ -1,273 +1,30 @@
-"""A kubelet stand-in for device-plugin tests: real gRPC over unix sockets in a tmp dir.
-
-Serves v1beta1.Registration on <dir>/kubelet.sock and, like the kubelet's device manager,
-dials a registering plugin back, reads its options and follows its ListAndWatch stream
-into a queue. It can also play the plugin watcher of a plugins_registry dir (GetInfo,
-connect, NotifyRegistrationStatus), and restart like a kubelet (wipe the dir, new socket).
-"""
+"""The kubelet stand-in of the device-plugin tests: agent.lab.kubelet (real gRPC
+Registration server, dial-back, ListAndWatch follower, plugin watcher), re-exported,
+plus `silent_socket`, a hung kubelet."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import socket
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from proto.deviceplugin import (
-    api_pb2,
-    api_pb2_grpc,
-    pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
+from agent.lab.kubelet import (
+    CALL_TIMEOUT,
+    WATCH_INTERVAL,
+    KubeletEmulator,
+    PluginConnection,
+    ResourceView,
 )
 
-CALL_TIMEOUT = 5.0
-WATCH_INTERVAL = 0.02
-
-
-class PluginConnection:
-    """The kubelet's side of one registered plugin: its options and its device lists."""
-
-    def __init__(self, resource: str, endpoint: Path) -> None:
-        self.resource = resource
-        self.endpoint = endpoint
-        self.channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
-        self.stub = api_pb2_grpc.DevicePluginStub(self.channel)
-        self.options: api_pb2.DevicePluginOptions | None = None
-        self.lists: asyncio.Queue[api_pb2.ListAndWatchResponse] = asyncio.Queue()
-        self.stream_ended = asyncio.Event()
-        self.latest: api_pb2.ListAndWatchResponse | None = None
-        self._reader: asyncio.Task[None] | None = None
-
-    async def connect(self) -> None:
-        self.options = await self.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=CALL_TIMEOUT)
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for response in self.stub.ListAndWatch(api_pb2.Empty()):
-                self.latest = response
-                await self.lists.put(response)
-        except grpc.aio.AioRpcError:
-            pass  # the plugin went away, as a kubelet would notice
-        finally:
-            self.stream_ended.set()
-
-    async def next_list(self, timeout: float = 5.0) -> api_pb2.ListAndWatchResponse:
-        return await asyncio.wait_for(self.lists.get(), timeout)
-
-    async def wait_list(
-        self,
-        predicate: Callable[[api_pb2.ListAndWatchResponse], bool],
-        timeout: float = 5.0,
-    ) -> api_pb2.ListAndWatchResponse:
-        """Read lists until one satisfies `predicate` (fails the wait after `timeout`)."""
-
-        async def scan() -> api_pb2.ListAndWatchResponse:
-            while True:
-                response = await self.lists.get()
-                if predicate(response):
-                    return response
-
-        return await asyncio.wait_for(scan(), timeout)
-
-    async def allocate(self, *containers: Sequence[str]) -> api_pb2.AllocateResponse:
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
-        )
-        response: api_pb2.AllocateResponse = await self.stub.Allocate(request, timeout=CALL_TIMEOUT)
-        return response
-
-    async def preferred(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> tuple[str, ...]:
-        request = api_pb2.PreferredAllocationRequest(
-            container_requests=[
-                api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=available,
-                    must_include_deviceIDs=must_include,
-                    allocation_size=size,
-                )
-            ]
-        )
-        response = await self.stub.GetPreferredAllocation(request, timeout=CALL_TIMEOUT)
-        return tuple(response.container_responses[0].deviceIDs)
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        await self.channel.close()
-
-
-class _RegistrationService:
-    def __init__(self, kubelet: KubeletEmulator) -> None:
-        self._kubelet = kubelet
-
-    async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
-        kubelet = self._kubelet
-        kubelet.registrations.append(request)
-        if request.version != "v1beta1":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad version {request.version}")
-        # Like the kubelet: connect back before answering, follow the stream afterwards.
-        await kubelet.connect(request.resource_name, kubelet.dir / request.endpoint)
-        return api_pb2.Empty()
-
-
-class KubeletEmulator:
-    """`async with KubeletEmulator(dir) as kubelet:`; see the module docstring."""
-
-    def __init__(
-        self,
-        device_plugin_dir: Path,
-        *,
-        plugins_registry: Path | None = None,
-        reject_watcher: int = 0,
-    ) -> None:
-        self.dir = device_plugin_dir
-        self.registry = plugins_registry
-        self.reject_watcher = reject_watcher  # refuse this many watcher registrations first
-        self.registrations: list[api_pb2.RegisterRequest] = []
-        self.watcher_infos: list[pluginregistration_pb2.PluginInfo] = []
-        self.notifications: list[tuple[str, bool, str]] = []
-        self.plugins: dict[str, PluginConnection] = {}
-        self._server: Any = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._seen: dict[Path, tuple[int, int, int]] = {}
-        self._connected = asyncio.Condition()
-
-    @property
-    def socket(self) -> Path:
-        return self.dir / "kubelet.sock"
-
-    async def __aenter__(self) -> KubeletEmulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._server = grpc.aio.server()
-        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), self._server)
-        self._server.add_insecure_port(f"unix://{self.socket}")
-        await self._server.start()
-        if self.registry is not None:
-            self.registry.mkdir(parents=True, exist_ok=True)
-            self._seen.clear()
-            self._watcher = asyncio.create_task(self._watch_registry(self.registry))
-
-    async def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
-        for plugin in self.plugins.values():
-            await plugin.close()
-        self.plugins.clear()
-        if self._server is not None:
-            await self._server.stop(None)
-            self._server = None
-
-    async def restart(self) -> None:
-        """What a kubelet restart looks like to plugins: every socket in the dir deleted,
-        then a new kubelet.sock."""
-        await self.stop()
-        for entry in os.listdir(self.dir):
-            (self.dir / entry).unlink(missing_ok=True)
-        await self.start()
-
-    async def connect(self, resource: str, endpoint: Path) -> PluginConnection:
-        old = self.plugins.pop(resource, None)
-        if old is not None:
-            await old.close()
-        plugin = PluginConnection(resource, endpoint)
-        try:
-            await plugin.connect()
-        except BaseException:
-            await plugin.close()
-            raise
-        self.plugins[resource] = plugin
-        async with self._connected:
-            self._connected.notify_all()
-        return plugin
-
-    async def plugin(self, resource: str, timeout: float = 5.0) -> PluginConnection:
-        """The connection to `resource` once it has registered (waits for it)."""
-
-        async def wait() -> PluginConnection:
-            async with self._connected:
-                await self._connected.wait_for(lambda: resource in self.plugins)
-            return self.plugins[resource]
-
-        return await asyncio.wait_for(wait(), timeout)
-
-    async def reconnected(
-        self, resource: str, previous: PluginConnection, timeout: float = 5.0
-    ) -> PluginConnection:
-        """The next connection to `resource` after `previous` (a re-registration)."""
-
-        def fresh() -> bool:
-            return self.plugins.get(resource) not in (None, previous)
-
-        async def wait() -> PluginConnection:
-            async with self._connected:
-                await self._connected.wait_for(fresh)
-            return self.plugins[resource]
-
-        return await asyncio.wait_for(wait(), timeout)
-
-    async def _watch_registry(self, registry: Path) -> None:
-        # The real watcher uses inotify; polling keeps the emulator dependency-free.
-        while True:
-            present: dict[Path, tuple[int, int, int]] = {}
-            for entry in sorted(os.listdir(registry)):
-                path = registry / entry
-                with contextlib.suppress(OSError):
-                    st = os.lstat(path)
-                    present[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
-            for path, ident in present.items():
-                if self._seen.get(path) != ident:
-                    self._seen[path] = ident
-                    await self._register_watched(path)
-            for path in set(self._seen) - set(present):
-                del self._seen[path]
-            await asyncio.sleep(WATCH_INTERVAL)
-
-    async def _register_watched(self, path: Path) -> None:
-        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
-            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
-            try:
-                info = await stub.GetInfo(
-                    pluginregistration_pb2.InfoRequest(), timeout=CALL_TIMEOUT
-                )
-            except grpc.aio.AioRpcError:
-                return
-            self.watcher_infos.append(info)
-            ok, error = True, ""
-            if info.type != "DevicePlugin" or "v1beta1" not in info.supported_versions:
-                ok, error = False, f"unsupported plugin {info.type} {list(info.supported_versions)}"
-            elif self.reject_watcher > 0:
-                self.reject_watcher -= 1
-                ok, error = False, "emulated registration failure"
-            else:
-                try:
-                    await self.connect(info.name, Path(info.endpoint))
-                except grpc.aio.AioRpcError as exc:
-                    ok, error = False, f"cannot connect to {info.endpoint}: {exc.code().name}"
-            self.notifications.append((info.name, ok, error))
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.NotifyRegistrationStatus(
-                    pluginregistration_pb2.RegistrationStatus(plugin_registered=ok, error=error),
-                    timeout=CALL_TIMEOUT,
-                )
+__all__ = [
+    "CALL_TIMEOUT",
+    "WATCH_INTERVAL",
+    "KubeletEmulator",
+    "PluginConnection",
+    "ResourceView",
+    "silent_socket",
+]
 
 
 @contextlib.contextmanager

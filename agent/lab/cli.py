@@ -1,12 +1,14 @@
 """The `lab` click group: render specs (files, built-ins, synthetic) into sysfs trees, list
-built-ins, inject faults. Owns argument parsing and output only (text for people, one JSON
-line for scripts). Bad input (unknown spec, malformed YAML, missing device, non-empty
-output dir) ends with `error: ...` on stderr and exit code 2.
+built-ins, inject faults, run lab kubelets. Owns argument parsing and output only (text
+for people, one JSON line for scripts). Bad input (unknown spec, malformed YAML, missing
+device, non-empty output dir) ends with `error: ...` on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -255,6 +257,41 @@ def device_remove_cmd(root: Path, device: str) -> None:
 def device_add_cmd(root: Path, device: str) -> None:
     """Bring back a device removed with device-remove."""
     _emit(lambda: device_add(root, device))
+
+
+@lab.command("kubelet")
+@click.option(
+    "--dir",
+    "dirs",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A device-plugins directory to serve kubelet.sock in (repeat for several nodes).",
+)
+def kubelet_cmd(dirs: tuple[Path, ...]) -> None:
+    """Lab kubelets (v1beta1 Registration, dial-back, ListAndWatch) until SIGTERM/Ctrl-C;
+    each writes what it sees (capacity, allocatable per resource) to DIR/lab-kubelet.json."""
+    from agent.lab import kubeletrun  # grpc: loaded only by this command
+
+    for d in dirs:
+        problem = kubeletrun.socket_path_problem(d)
+        if problem is not None:
+            raise BadInput(f"--dir {problem}")
+    asyncio.run(_serve_kubelets(dirs))
+
+
+async def _serve_kubelets(dirs: tuple[Path, ...]) -> None:
+    from agent.lab import kubeletrun
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await kubeletrun.serve(dirs, stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def _emit(inject: Callable[[], FaultRecord]) -> None:

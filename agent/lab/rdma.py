@@ -1,6 +1,7 @@
 """Render the RDMA side of a lab node: infiniband/<dev> with its ports, GIDs, counters
-(counters/, counters_ext/, hw_counters/), the function's netdevs and its uverbs/umad char
-devices, in the formats of drivers/infiniband/core/sysfs.c and net-sysfs.c.
+(counters/, counters_ext/, hw_counters/), the function's netdevs, its uverbs/umad char
+devices and the node-wide rdma_cm misc device, in the formats of the kernel's
+drivers/infiniband/core/{sysfs,uverbs_main,user_mad,ucma}.c and net-sysfs.c.
 
 Also derives the RDMA devices of SR-IOV VFs (spec `sriov.rdma`). Called by render.py.
 """
@@ -33,6 +34,11 @@ IB_GID_TYPE = "IB/RoCE v1"  # what the kernel prints for IB and RoCE v1 GIDs ali
 ROCE_V2_GID_TYPE = "RoCE v2"
 UVERBS_DEV = (231, 192)  # IB_UVERBS_MAJOR, IB_UVERBS_BASE_MINOR
 UMAD_DEV = (231, 0, 64)  # IB_UMAD_MAJOR, IB_UMAD_MINOR_BASE, issm minors start after 64 umads
+# rdma_ucm's misc device: MISC_MAJOR 10, a dynamic minor (any free one; this is the lab's),
+# mode 0666 and node name infiniband/rdma_cm, RDMA_USER_CM_ABI_VERSION 4.
+RDMA_CM_DIR = "devices/virtual/misc/rdma_cm"
+RDMA_CM_DEV = (10, 58)
+RDMA_CM_ABI = 4
 
 
 class Tree(Protocol):
@@ -206,6 +212,18 @@ def write_adapter(
     tree.link(f"{d}/device", fn)
     tree.link(f"class/infiniband_verbs/uverbs{index}", d)
     return ifindex, umad
+
+
+def write_rdma_cm(tree: Tree) -> None:
+    """The node-wide /dev/infiniband/rdma_cm as sysfs shows it: a virtual misc device,
+    linked from class/misc, with the uevent udev names the node from."""
+    major, minor = RDMA_CM_DEV
+    tree.write(f"{RDMA_CM_DIR}/dev", f"{major}:{minor}\n")
+    tree.write(f"{RDMA_CM_DIR}/abi_version", f"{RDMA_CM_ABI}\n")
+    uevent = f"MAJOR={major}\nMINOR={minor}\nDEVNAME=infiniband/rdma_cm\nDEVMODE=0666\n"
+    tree.write(f"{RDMA_CM_DIR}/uevent", uevent)
+    tree.link(f"{RDMA_CM_DIR}/subsystem", "class/misc")
+    tree.link("class/misc/rdma_cm", RDMA_CM_DIR)
 
 
 def _write_port(tree: Tree, adapter: Adapter, p: str, port: Port) -> None:

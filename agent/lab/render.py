@@ -16,7 +16,7 @@ from msgspec import UNSET
 from agent.lab import pciconfig
 from agent.lab.layout import Function, Layout, buses, iommu_groups, multifunction, plan
 from agent.lab.models import srcversion_of
-from agent.lab.rdma import port_gids, rate_text, vf_adapters, write_adapter
+from agent.lab.rdma import port_gids, rate_text, vf_adapters, write_adapter, write_rdma_cm
 from agent.lab.spec import NodeSpec, module_of, parse_cpulist
 
 __all__ = [
@@ -65,6 +65,7 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
     for index, adapter in enumerate([*spec.adapters, *vf_adapters(spec, layout)]):
         fn_dir = layout.dirs[adapter.address]
         ifindex, umad = write_adapter(tree, spec.name, adapter, fn_dir, index, ifindex, umad)
+    write_rdma_cm(tree)
     for name, value in sorted(spec.modules.items()):
         module = module_of(value)
         tree.write(f"module/{name}/initstate", "live\n")

@@ -131,6 +131,7 @@ class AlertEngine:
         self.evaluated_at: float | None = None
         self._started_at: float | None = None
         self._leading = False
+        self._stop: asyncio.Event | None = None  # run()'s: abandons a long evaluation
 
     def load(self, states: dict[str, Tracked]) -> None:
         """Start from persisted states: firing alerts stay firing and are not re-sent."""
@@ -141,6 +142,7 @@ class AlertEngine:
         return [s.alert for s in self.states.values() if s.phase == "firing"]
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._loop(stop))
@@ -148,6 +150,7 @@ class AlertEngine:
                 if self.alertmanager is not None:
                     tasks.create_task(self.alertmanager.run(stop))
         finally:
+            self._stop = None
             self.broker.close()
 
     async def _loop(self, stop: asyncio.Event) -> None:
@@ -172,7 +175,10 @@ class AlertEngine:
         try:
             evaluated = self._evaluate(self.fleet, policies, self._cluster(), now)
             if inspect.isawaitable(evaluated):
-                evaluated = await evaluated
+                done = await self._unless_stopped(evaluated)
+                if done is None:
+                    return None  # stopping: the evaluation was abandoned
+                evaluated = done
             findings = tuple(evaluated)
         except Exception:
             # A rule bug must not stop alerting on everything else, nor resolve all alerts.
@@ -215,6 +221,24 @@ class AlertEngine:
             if failures:
                 self.metrics.store_errors.inc(failures)
         return result
+
+    async def _unless_stopped(
+        self, evaluation: Awaitable[Sequence[Finding]]
+    ) -> Sequence[Finding] | None:
+        """The evaluation's findings, or None when the engine stops first (cancelled)."""
+        task = asyncio.ensure_future(evaluation)
+        if self._stop is None:
+            return await task
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return None if task.cancelled() else task.result()
 
     def _held(self, now: float) -> frozenset[str]:
         started = self._started_at

@@ -1,5 +1,6 @@
-"""`nicfleetctl demo`: a whole fleet on this machine — embedded NATS, the aggregator and
-four lab agents as separate processes — then a port-down fault and how fast it arrived.
+"""`nicfleetctl demo`: a whole fleet on this machine — embedded NATS, the aggregator, lab
+kubelets and four lab agents with their device plugins, as separate processes — then a
+port-down fault, how fast it arrived and the resource chain it broke.
 
 Talks to the agent and aggregator only as a user would: their command lines and the
 HTTP API. Every process it starts is stopped (and waited for) before it returns.
@@ -8,6 +9,7 @@ HTTP API. Every process it starts is stopped (and waited for) before it returns.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,14 @@ import click
 import httpx
 from rich.console import Console
 
+from aggregator.ctl.demochain import (
+    TRACED,
+    kubelet_view,
+    plugin_config,
+    registered,
+    resources_view,
+    trace_view,
+)
 from aggregator.ctl.render import console_for, render_node, render_nodes
 
 # (node name, built-in lab spec): distinct specs, so no two nodes share GUIDs or MACs.
@@ -34,6 +44,7 @@ DEMO_NODES: tuple[tuple[str, str], ...] = (
     ("gpu-roce-02", "roce-cx6dx-2"),
 )
 FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-01", "mlx5_3", 1
+KUBELET_STATE = "lab-kubelet.json"  # what `nicfleet-agent lab kubelet` writes per dir
 
 T = TypeVar("T")
 
@@ -50,6 +61,13 @@ class Fleet:
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     api_url: str = ""
     nats_url: str = ""
+    # Kubelet and plugin sockets: a short dir of its own (/tmp/nf-XXXX), since a unix socket
+    # path must fit 107 bytes and --workdir may be long.
+    socket_dir: Path | None = None
+
+    def kubelet_dir(self, node: str) -> Path:
+        assert self.socket_dir is not None
+        return self.socket_dir / node
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
@@ -133,16 +151,38 @@ def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Flee
 
         doc = _wait("the aggregator to become ready", read_ready, fleet, 30)
         fleet.api_url, fleet.nats_url = doc["api_url"], doc["nats_url"]
+        # No Kubernetes here: one lab kubelet per node (one process serving all four dirs)
+        # takes the device plugins' registrations and follows their device lists.
+        status("starting lab kubelets (device-plugin registration, one per node)")
+        fleet.socket_dir = Path(tempfile.mkdtemp(prefix="nf-", dir="/tmp"))
+        dirs = [arg for node, _ in DEMO_NODES for arg in ("--dir", str(fleet.kubelet_dir(node)))]
+        fleet.spawn("kubelet", ["-m", "agent", "lab", "kubelet", *dirs])
+
+        def kubelets_up() -> bool | None:
+            up = all((fleet.kubelet_dir(n) / KUBELET_STATE).exists() for n, _ in DEMO_NODES)
+            return True if up else None
+
+        _wait("the lab kubelets", kubelets_up, fleet, 30)
         for node, _ in DEMO_NODES:
-            status(f"starting agent {node}")
+            status(f"starting agent {node} with its device plugin")
+            config = workdir / f"{node}.device-plugin.json"
+            config.write_text(json.dumps(plugin_config(node), indent=2) + "\n")
             fleet.spawn(f"agent-{node}", ["-m", "agent", "run", "--nats-url", fleet.nats_url,
                                           "--sysfs-root", str(workdir / node),
                                           "--node-name", node, "--nats-nkey-seed-file",
-                                          keys["agent_seeds"][node]])  # fmt: skip
+                                          keys["agent_seeds"][node],
+                                          "--device-plugin-config", str(config),
+                                          "--no-desired-config", "--registration-mode", "legacy",
+                                          "--device-plugin-dir", str(fleet.kubelet_dir(node)),
+                                          "--plugins-registry-dir",
+                                          str(fleet.kubelet_dir(node) / "plugins_registry"),
+                                          ])  # fmt: skip
         yield fleet
     finally:
         status("stopping all processes")
         fleet.stop_all()
+        if fleet.socket_dir is not None:
+            shutil.rmtree(fleet.socket_dir, ignore_errors=True)
 
 
 def _get(client: httpx.Client, path: str) -> Any:
@@ -182,6 +222,16 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         if not quiet:
             render_nodes(console, nodes, wide=False)
 
+        status("waiting for every device plugin to register with its lab kubelet")
+        _wait(
+            "the device plugins to register",
+            lambda: True if registered(_get(client, "/api/v1/resources"), names) else None,
+            fleet,
+            60,
+        )
+        if not quiet:
+            _show(console, fleet, "resources")
+
         status(f"injecting fault: port {FAULT_DEVICE}/{FAULT_PORT} DOWN on {FAULT_NODE}")
         fault = _run_json(["-m", "agent", "lab", "fault", "port-down", "--root",
                            str(workdir / FAULT_NODE), "--device", FAULT_DEVICE,
@@ -197,6 +247,30 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
             return None
 
         detail = _wait("the aggregator to see the fault", fault_seen, fleet, 30)
+        rail = TRACED[-1]
+
+        def rail_broken() -> dict[str, Any] | None:
+            doc = _get(client, f"/api/v1/trace?node={FAULT_NODE}&resource={rail}")
+            return doc if doc is not None and doc["first_broken"] is not None else None
+
+        status(f"waiting for the trace of {rail} on {FAULT_NODE} to show the fault")
+        _wait(f"the trace of {rail} to break", rail_broken, fleet, 30)
+
+        def kubelet_saw_it() -> dict[str, Any] | None:
+            path = fleet.kubelet_dir(FAULT_NODE) / KUBELET_STATE
+            view = kubelet_view(json.loads(path.read_text()))
+            return view if view.get(rail, {}).get("allocatable") == 0 else None
+
+        kubelets = {
+            FAULT_NODE: _wait("the lab kubelet to see the fault", kubelet_saw_it, fleet, 30)
+        }
+        traces = {
+            f"{FAULT_NODE} {name}": trace_view(
+                _get(client, f"/api/v1/trace?node={FAULT_NODE}&resource={name}")
+            )
+            for name in TRACED
+        }
+        resources = resources_view(_get(client, "/api/v1/resources"))
         events = list(detail["events"])
         seen = next(e for e in events if e["new_state"] == "DOWN")
         fault_ms = round((seen["received_at"] - fault["injected_at"]) * 1000, 1)
@@ -208,6 +282,16 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
                 f"{round((seen['observed_at'] - fault['injected_at']) * 1000, 1)} ms after "
                 f"injection; NATS delivery {seen['latency_ms']:.1f} ms)"
             )
+            for name in TRACED:
+                _show(console, fleet, "trace", FAULT_NODE, name)
+            console.print(
+                f"lab kubelet on {FAULT_NODE} (what it got from the plugins; not a Node "
+                "object, the demo has no Kubernetes API): "
+                + ", ".join(
+                    f"{n} {v['allocatable']}/{v['capacity']} allocatable"
+                    for n, v in kubelets[FAULT_NODE].items()
+                )
+            )
         if serve:
             console.print(
                 f"\nFleet running. API: {fleet.api_url}   NATS: {fleet.nats_url}\n"
@@ -216,9 +300,12 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
                 f"     nicfleetctl nodes\n"
                 f"     nicfleetctl node {FAULT_NODE}\n"
                 f"     nicfleetctl findings --node {FAULT_NODE}\n"
+                f"     nicfleetctl resources\n"
+                f"     nicfleetctl trace {FAULT_NODE} {TRACED[-1]}\n"
                 f"     nicfleet-agent lab fault port-down --root {workdir / 'gpu-ib-02'} "
                 f"--device mlx5_0\n"
-                f"Logs and sysfs trees: {workdir}\nPress Ctrl-C to stop."
+                f"Logs and sysfs trees: {workdir}\n"
+                f"Kubelet and device-plugin sockets: {fleet.socket_dir}\nPress Ctrl-C to stop."
             )
             if spinner is not None:
                 spinner.update("fleet running; press Ctrl-C to stop")
@@ -228,7 +315,23 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         "events": events,
         "fault": fault,
         "fault_to_aggregator_ms": fault_ms,
+        "resources": resources,
+        "traces": traces,
+        "lab_kubelets": kubelets,
+        "socket_dir": str(fleet.socket_dir),
     }
+
+
+def _show(console: Console, fleet: Fleet, *args: str) -> None:
+    """Run `nicfleetctl ARGS` against the demo's API and print what a user would see."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aggregator.ctl", "--server", fleet.api_url, *args],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    console.print(f"\n[bold]$ nicfleetctl {' '.join(args)}[/]")
+    console.print(
+        done.stdout.rstrip() or done.stderr.rstrip(), markup=False, highlight=False, soft_wrap=True
+    )
 
 
 def _wait_for_interrupt(fleet: Fleet) -> None:

@@ -74,7 +74,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
-    done = run("-m", "aggregator.ctl", "demo", "-o", "json", "--workdir", str(workdir))
+    done = run("-m", "aggregator.ctl", "demo", "-o", "json", "--workdir", str(workdir), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert sorted(n["name"] for n in summary["nodes"]) == [
@@ -91,6 +91,29 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     faulted = next(n for n in summary["nodes"] if n["name"] == "gpu-ib-01")
     assert "mlx5_3/1" in faulted["ports_down"]
     assert _processes_mentioning(str(workdir)) == []
+    # Every node's device plugin registered with its lab kubelet and advertises.
+    resources = summary["resources"]
+    assert resources["rdma/ib"]["nodes"] == ["gpu-ib-01", "gpu-ib-02"]
+    assert resources["rdma/roce"]["nodes"] == ["gpu-roce-01", "gpu-roce-02"]
+    # The faulted adapter's rail breaks at its port; the cluster links are unknown, not faked.
+    rail = summary["traces"]["gpu-ib-01 rdma/ib_rail1"]
+    assert (rail["ok"], rail["first_broken"]) == (False, "rdma-device")
+    assert "mlx5_3/1" in rail["cause"]
+    links = list(rail["links"].items())
+    assert links[:3] == [("agent", "ok"), ("adapter", "ok"), ("driver", "ok")]
+    assert (rail["links"]["char-devices"], rail["links"]["device-plugin"]) == ("ok", "ok")
+    assert rail["links"]["advertised"] == "broken"
+    assert rail["unknown"]["allocatable"] == {"cluster": "no cluster"}
+    assert rail["unknown"]["pods"] == {"cluster": "no cluster"}
+    whole = summary["traces"]["gpu-ib-01 rdma/ib"]
+    assert whole["ok"] and whole["links"]["char-devices"] == "ok"
+    assert summary["lab_kubelets"]["gpu-ib-01"] == {
+        "rdma/ib": {"capacity": 8, "allocatable": 7},
+        "rdma/ib_rail1": {"capacity": 8, "allocatable": 0},
+    }
+    sockets = summary["socket_dir"]
+    assert len(sockets) < 40 and not Path(sockets).exists()
+    assert _processes_mentioning(sockets) == []
 
 
 def test_demo_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
@@ -104,7 +127,7 @@ def test_demo_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while b"Press Ctrl-C" not in out.read_bytes():
             assert proc.poll() is None, out.read_text()[-3000:]
             assert time.monotonic() < deadline, "demo --serve did not come up"
@@ -112,6 +135,8 @@ def test_demo_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
         text = out.read_text()
         assert "Status page: http://127.0.0.1:" in text
         assert f"--root {workdir / 'gpu-ib-02'} --device mlx5_0" in text
+        assert "rdma/ib_rail1 on gpu-ib-01: broken at link 3 (rdma-device)" in text
+        sockets = text.split("Kubelet and device-plugin sockets: ", 1)[1].split()[0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()[-3000:]
     finally:
@@ -120,6 +145,7 @@ def test_demo_serve_stops_every_process_on_sigterm(tmp_path: Path) -> None:
             proc.wait()
     assert "all processes stopped" in out.read_text()
     assert _processes_mentioning(str(workdir)) == []
+    assert _processes_mentioning(sockets) == [] and not Path(sockets).exists()
 
 
 def test_aggregator_rejects_bad_policy_file_naming_the_field(tmp_path: Path) -> None:

@@ -95,7 +95,8 @@ def test_h100_snapshot_is_complete_and_clean(h100: NodeSnapshot) -> None:
         "mlx5_core", 0, ("ib0",), 32,
     )  # fmt: skip
     assert ib0.char_devices == (
-        "/dev/infiniband/issm0", "/dev/infiniband/umad0", "/dev/infiniband/uverbs0",
+        "/dev/infiniband/issm0", "/dev/infiniband/rdma_cm", "/dev/infiniband/umad0",
+        "/dev/infiniband/uverbs0",
     )  # fmt: skip
     assert ib0.ports[0].gids[0].gid == "fe80:0000:0000:0000:58a2:e103:001b:2576"
     # The ConnectX-6 Dx is a Gen4 card on a Gen5 switch port: not degraded.

@@ -108,3 +108,31 @@ def test_abandon_stops_between_rules_and_the_next_call_starts_over() -> None:
     assert incremental.evaluate(fleet.view(), now=T0) == evaluate(fleet.view(), now=T0)
     assert not incremental.starts_over((), NO_CLUSTER, DEFAULT_THRESHOLDS)
     assert incremental.starts_over(policy_doc("p"), NO_CLUSTER, DEFAULT_THRESHOLDS)
+
+
+async def test_a_stopping_engine_abandons_its_full_evaluation_and_keeps_serving() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aggregator.alerts.delivery import Broker
+    from aggregator.alerts.engine import AlertEngine, EngineSettings
+    from aggregator.alerts.metrics import AlertMetrics
+    from aggregator.changes import ChangeFeed
+
+    fleet = _fleet()
+    rules = AllRules()
+    registry = CollectorRegistry()
+    engine = AlertEngine(
+        fleet=fleet, changes=ChangeFeed().subscribe(), evaluate=rules.evaluate_async,
+        policies=lambda: (), cluster=lambda: NO_CLUSTER, settings=EngineSettings(),
+        metrics=AlertMetrics.create(registry), broker=Broker(first_id=1), clock=lambda: T0,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(engine.run(stop))
+    await wait_until(lambda: rules.full_evaluation_running, interval=0.001, what="the worker")
+    stop.set()
+    await running  # returns without waiting for the evaluation: it was abandoned
+    assert engine.evaluated_at is None and engine.findings == ()
+    # The next evaluation waits for the abandoned worker, then starts over, complete.
+    assert await engine.cycle("start") is not None
+    assert list(engine.findings) == evaluate(fleet.view(), (), NO_CLUSTER, T0)
+    assert registry.get_sample_value("nicfleet_rule_evaluation_errors_total") == 0

@@ -15,6 +15,7 @@ from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
 from aggregator.rules.finding import Finding
 from aggregator.rules.registry import evaluate
+from aggregator.shardowner import node_subject_of, replica_id
 from aggregator.shards import ShardSettings, live_replicas, owner, partition_of, plan
 from aggregator.shardsummary import ShardRules, hashable, merge_remote
 from proto import subjects
@@ -143,3 +144,14 @@ def test_fw_skew_across_shards_is_raised_by_the_odd_nodes_owner_only() -> None:
     found = _sharded(fleet, policy_doc("p"), REPLICAS)
     assert {f.node for f in found.values() if f.rule == "fw-skew"} == {NODES[5]}
     assert found == _by_fingerprint(evaluate(fleet.view(), policy_doc("p"), NO_CLUSTER, T0))
+
+
+def test_partition_subjects_map_back_to_node_subjects() -> None:
+    mapped = subjects.partition_subject(7, "gpu-001", "snapshot")
+    assert mapped == "nicfleet.v1.part.7.node.gpu-001.snapshot"
+    assert node_subject_of(mapped) == subjects.node_subject("gpu-001", "snapshot")
+    assert node_subject_of("nicfleet.v1.node.x.status") == "nicfleet.v1.node.x.status"
+    assert replica_id("host.a:1") == "host_a_1"
+    assert subjects.shard_summary_subject("r1") == "nicfleet.v1.shard.r1.summary"
+    with pytest.raises(ValueError, match="replica id"):
+        subjects.shard_summary_subject("a.b")
