@@ -18,7 +18,7 @@ from aggregator.rules.finding import Finding
 from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.peers import Peer, PeerRule, Vote
 from aggregator.rules.peertally import PeerTally
-from aggregator.rules.registry import PEER_RULES, sort_key
+from aggregator.rules.registry import PEER_RULES, READS, sort_key
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from aggregator.shards import partition_of
 from proto import subjects
@@ -28,6 +28,7 @@ from proto.policy import Policy
 Remote = dict[str, dict[Hashable, Counter[Hashable]]]  # rule -> group -> value -> count
 VoteKey = tuple[int, str, Hashable, Hashable]  # partition, rule, group, value
 _NO_COUNTS: Final[Counter[Hashable]] = Counter()
+_ALL_FIELDS: Final = frozenset(NodeRecord.__struct_fields__)
 
 
 def hashable(value: object) -> Hashable:
@@ -115,17 +116,26 @@ class ShardRules:
         self._context = context
         changed = [n for n, r in fleet.items() if self._seen.get(n) is not r]
         changed += [n for n in self._seen if n not in fleet]
+        moved: dict[str, frozenset[str]] = {}  # node -> record fields that changed
         for name in changed:
-            record = fleet.get(name)
-            self._selecting.pop(name, None)
+            old, record = self._seen.get(name), fleet.get(name)
+            if old is None or record is None:
+                moved[name] = _ALL_FIELDS
+            else:
+                moved[name] = frozenset(
+                    f for f in _ALL_FIELDS if getattr(old, f) is not getattr(record, f)
+                )
             if record is None:
                 self._seen.pop(name, None)
+                self._selecting.pop(name, None)
             else:
                 self._seen[name] = record
         peer: list[Finding] = []
         for name, rule in PEER_RULES.items():
             if thresholds.enabled(name):
-                self._run_peer(rule, changed, fleet, policies, cluster)
+                reads = READS[name]  # counters arriving every second touch no peer rule
+                touched = [n for n, fields in moved.items() if fields & reads]
+                self._run_peer(rule, touched, fleet, policies, cluster)
             else:
                 self._clear_rule(name)
         for found in self._found.values():

@@ -99,14 +99,17 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
     rail = summary["traces"]["gpu-ib-01 rdma/ib_rail1"]
     assert (rail["ok"], rail["first_broken"]) == (False, "rdma-device")
     assert "mlx5_3/1" in rail["cause"]
-    links = list(rail["links"].items())
-    assert links[:3] == [("agent", "ok"), ("adapter", "ok"), ("driver", "ok")]
-    assert (rail["links"]["char-devices"], rail["links"]["device-plugin"]) == ("ok", "ok")
-    assert rail["links"]["advertised"] == "broken"
+    assert rail["links"][:4] == [
+        ["agent", "ok"], ["adapter", "ok"], ["driver", "ok"], ["rdma-device", "broken"],
+    ]  # fmt: skip
+    links = dict(rail["links"])
+    assert (links["char-devices"], links["device-plugin"], links["advertised"]) == (
+        "ok", "ok", "broken",
+    )  # fmt: skip
     assert rail["unknown"]["allocatable"] == {"cluster": "no cluster"}
     assert rail["unknown"]["pods"] == {"cluster": "no cluster"}
     whole = summary["traces"]["gpu-ib-01 rdma/ib"]
-    assert whole["ok"] and whole["links"]["char-devices"] == "ok"
+    assert whole["ok"] and dict(whole["links"])["char-devices"] == "ok"
     assert summary["lab_kubelets"]["gpu-ib-01"] == {
         "rdma/ib": {"capacity": 8, "allocatable": 7},
         "rdma/ib_rail1": {"capacity": 8, "allocatable": 0},

@@ -93,7 +93,7 @@ def test_trace_view_names_the_first_broken_link_and_why_links_are_unknown() -> N
     }
     assert trace_view(trace) == {
         "ok": False,
-        "links": {"agent": "ok", "rdma-device": "broken", "allocatable": "unknown"},
+        "links": [["agent", "ok"], ["rdma-device", "broken"], ["allocatable", "unknown"]],
         "first_broken": "rdma-device",
         "cause": "port down",
         "unknown": {"allocatable": {"cluster": "no cluster"}},

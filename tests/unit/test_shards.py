@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
@@ -22,7 +23,7 @@ from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import ShardSummary, ShardVote
 from proto.policy import Policy
-from tests.unit.rules_cases import T0, adapter, node, policy_doc
+from tests.unit.rules_cases import T0, adapter, batch, node, policy_doc, port_counters
 from tests.unit.test_rules_incremental import POLICIES, snapshots
 
 NODES = tuple(f"gpu-{i:03d}" for i in range(12))
@@ -155,3 +156,27 @@ def test_partition_subjects_map_back_to_node_subjects() -> None:
     assert subjects.shard_summary_subject("r1") == "nicfleet.v1.shard.r1.summary"
     with pytest.raises(ValueError, match="replica id"):
         subjects.shard_summary_subject("a.b")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), policies=st.sampled_from(POLICIES))
+def test_one_replica_tracks_changes_like_one_process(
+    data: st.DataObject, policies: tuple[Policy, ...]
+) -> None:
+    """Re-evaluated after every snapshot, counter batch or removal (only the peer rules
+    reading a changed field re-tally a node), a lone replica finds what one process finds."""
+    fleet, rules = Fleet(), ShardRules(PARTS)
+    for seq in range(1, data.draw(st.integers(1, 12)) + 1):
+        name = data.draw(st.sampled_from(NODES[:5]))
+        step = data.draw(st.sampled_from(("snapshot", "counters", "remove")))
+        if step == "snapshot":
+            snap = data.draw(snapshots(name, seq, T0))
+            assume(not any(i.name == "bad0" for d in snap.devices for i in d.interfaces))
+            assume(all(r.relation != "BOGUS" for r in snap.gpu_nic_topology))
+            fleet.apply_snapshot(snap, T0)
+        elif step == "counters":
+            fleet.apply_counters(replace(batch(name, port_counters()), seq=seq), T0)
+        else:
+            fleet = Fleet(r for r in fleet.records() if r.name != name)
+        found = _by_fingerprint(rules.evaluate(fleet.view(), policies, NO_CLUSTER, T0))
+        assert found == _by_fingerprint(evaluate(fleet.view(), policies, NO_CLUSTER, T0))
