@@ -130,8 +130,9 @@ async def test_thousand_nodes_in_kv_are_back_after_restart(
         proc.start()
         await wait_until(proc.is_ready, timeout=45, what="aggregator ready")
         async with httpx.AsyncClient(base_url=proc.api_url) as api:
-            listing = (await api.get("/api/v1/nodes")).json()
+            listing = (await api.get("/api/v1/nodes", params={"limit": 5000})).json()
         assert sorted(i["name"] for i in listing["items"]) == names
+        assert listing["total"] == len(names) and "continue" not in listing
     finally:
         await asyncio.to_thread(proc.stop)
         await nc.close()
