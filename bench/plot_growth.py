@@ -31,8 +31,9 @@ def load(path: Path) -> Any:
 def restart(doc: Any) -> Series:
     out: Series = {}
     for size in doc["sizes"]:
-        for variant, stats in size["time_to_ready_s"].items():
-            out.setdefault(f"time to ready, {variant}", []).append((size["nodes"], stats["median"]))
+        for key, label in (("time_to_ready_s", "wall"), ("cpu_to_ready_s", "CPU")):
+            for variant, stats in size.get(key, {}).items():
+                out.setdefault(f"{label}, {variant}", []).append((size["nodes"], stats["median"]))
     return out
 
 

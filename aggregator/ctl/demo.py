@@ -35,6 +35,7 @@ from aggregator.ctl.demofleet import (
     FAULT_NODE,
     FAULT_PORT,
     KUBELET_STATE,
+    DemoError,
     Fleet,
     run_json,
     running_fleet,
@@ -117,17 +118,14 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         def kubelet_saw_it() -> dict[str, Any] | None:
             path = fleet.kubelet_dir(FAULT_NODE) / KUBELET_STATE
             view = kubelet_view(json.loads(path.read_text()))
-            return view if view.get(rail, {}).get("allocatable") == 0 else None
+            whole = view.get(TRACED[0], {})
+            dropped = whole.get("allocatable", 0) < whole.get("capacity", 0)
+            return view if dropped and view.get(rail, {}).get("allocatable") == 0 else None
 
         kubelets = {
             FAULT_NODE: wait_for("the lab kubelet to see the fault", kubelet_saw_it, fleet, 30)
         }
-        traces = {
-            f"{FAULT_NODE} {name}": trace_view(
-                _get(client, f"/api/v1/trace?node={FAULT_NODE}&resource={name}")
-            )
-            for name in TRACED
-        }
+        traces = {f"{FAULT_NODE} {name}": trace_view(_trace(client, name)) for name in TRACED}
         resources = resources_view(_get(client, "/api/v1/resources"))
         events = list(detail["events"])
         seen = next(e for e in events if e["new_state"] == "DOWN")
@@ -178,6 +176,15 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
         "lab_kubelets": kubelets,
         "socket_dir": str(fleet.socket_dir),
     }
+
+
+def _trace(client: httpx.Client, resource: str) -> dict[str, Any]:
+    doc: dict[str, Any] | None = _get(
+        client, f"/api/v1/trace?node={FAULT_NODE}&resource={resource}"
+    )
+    if doc is None:
+        raise DemoError(f"GET /api/v1/trace of {resource} on {FAULT_NODE} failed")
+    return doc
 
 
 def _show(console: Console, fleet: Fleet, *args: str) -> None:
