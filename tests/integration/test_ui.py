@@ -84,10 +84,15 @@ async def publish(nats_url: str, node: str, kind: str, payload: bytes) -> None:
         await nc.close()
 
 
-def plugin_status(node: str) -> DevicePluginStatus:
-    """What an agent's device plugin reports: rdma/ib on the eight compute NICs."""
+def plugin_status(node: str, devices: tuple[str, ...] = BEST) -> DevicePluginStatus:
+    """What an agent's device plugin reports: rdma/ib on the eight compute NICs (or the
+    given ones)."""
     served = ResourceStatus(
-        name=RESOURCE, advertised=64, healthy=64, devices=BEST, registration="registered"
+        name=RESOURCE,
+        advertised=8 * len(devices),
+        healthy=8 * len(devices),
+        devices=devices,
+        registration="registered",
     )
     return DevicePluginStatus(
         node=node,
@@ -220,7 +225,19 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
         await page.screenshot(artifact("ui-alert.png"))
         await page.screenshot(artifact("ui-topology.png"), "#topology")
 
-        # The trace: the API's links in its order and statuses, green and red.
+        # The trace: the API's links in its order and statuses, green and red. The resource
+        # narrowed to the faulted adapter (one resource per rail), so the chain breaks.
+        await publish(
+            own_nats.url, IB_NODE, subjects.STATUS, encode(plugin_status(IB_NODE, ("mlx5_3",)))
+        )
+        await wait_until(
+            lambda: (
+                (r := agg.fleet.get(IB_NODE)) is not None
+                and r.device_plugin is not None
+                and r.device_plugin.resources[0].devices == ("mlx5_3",)
+            ),
+            what="the narrowed device-plugin status",
+        )
         await page.evaluate(f"window.location.hash = '#/trace/{IB_NODE}/rdma%2Fib'")
         await page.wait_for(
             "document.querySelectorAll('#chain li[data-link]').length > 0", what="the chain"
