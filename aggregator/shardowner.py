@@ -24,6 +24,7 @@ from nats.js.kv import KeyValue
 
 from aggregator.alerts.setup import AllRules
 from aggregator.cluster import ClusterView
+from aggregator.errors import AggregatorError, StoreError
 from aggregator.fleet import Fleet
 from aggregator.rules.finding import Finding
 from aggregator.shards import ShardSettings, live_replicas, partition_of, plan
@@ -141,7 +142,7 @@ class ShardOwner:
                 break
             try:
                 await self.tick()
-            except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
+            except (TimeoutError, NatsError, JetStreamError, OSError, AggregatorError) as exc:
                 log.warning("shard heartbeat/plan failed: %s; retrying", exc)
         if self._kv is not None:  # leave at once instead of after ttl
             with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
@@ -197,16 +198,20 @@ class ShardOwner:
                 pending_msgs_limit=200_000,
             )  # fmt: skip
         loaded = 0
-        async for stored in load_nodes(self._nodes_kv):
-            name = stored.snapshot.node
-            if self._partition(name) in new and name not in self._fleet:
-                self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
-                self._on_change(name, "taken-over")
-                loaded += 1
+        try:
+            async for stored in load_nodes(self._nodes_kv):
+                name = stored.snapshot.node
+                if self._partition(name) in new and name not in self._fleet:
+                    self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
+                    self._on_change(name, "taken-over")
+                    loaded += 1
+        except StoreError as exc:  # the agents' answers to the resync fill the fleet
+            log.warning("cannot load partitions %s from KV: %s", sorted(new), exc)
+        finally:
+            self._resync()  # what was published before we subscribed is re-sent
         if not first:
             self.takeovers += len(new)
         log.info("holding partitions %s (+%d nodes from KV)", sorted(new), loaded)
-        self._resync()  # what was published before we subscribed is re-sent
 
     def _partition(self, name: str) -> int:
         return partition_of(subjects.node_token(name), self._settings.partitions)

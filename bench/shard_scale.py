@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -101,7 +102,14 @@ def main() -> None:
     for replicas in args.replicas:
         for nodes in args.nodes:
             with tempfile.TemporaryDirectory(prefix="nicfleet-shards-") as tmp:
-                rows.append(asyncio.run(one(replicas, nodes, args, Path(tmp))))
+                try:
+                    rows.append(asyncio.run(one(replicas, nodes, args, Path(tmp))))
+                except Exception as exc:  # a replica died: keep going, say which and why
+                    logs = {p.name: p.read_text()[-1500:] for p in Path(tmp).glob("r*.log")}
+                    print(json.dumps({"replicas": replicas, "nodes": nodes, "logs": logs}),
+                          file=sys.stderr)  # fmt: skip
+                    rows.append({"replicas": replicas, "nodes": nodes, "error": repr(exc),
+                                 "sustained": False})  # fmt: skip
     best = {
         r: max((row["nodes"] for row in rows if row["replicas"] == r and row["sustained"]),
                default=0)
