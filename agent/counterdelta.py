@@ -7,7 +7,7 @@ on the full batch `base`; `DeltaEncoder` decides per round between a delta and a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, TypeVar
 
 import msgspec
@@ -97,13 +97,22 @@ class DeltaEncoder:
     A full batch goes out on the first round, every `full_every` rounds (1: never a
     delta), after `resync()` (reconnect), when the previous full batch could not be sent,
     when the port set changed, and on the first round with rates after a base without.
-    Call `sent(message, ok)` after every publish.
+    With `size` (bytes a message takes on the wire), a delta that would not be smaller
+    than the full batch is replaced by the full batch (busy ports change every value, and
+    full batches are packed while deltas are maps). Call `sent(message, ok)` after every
+    publish.
     """
 
-    def __init__(self, *, full_every: int = DEFAULT_FULL_EVERY) -> None:
+    def __init__(
+        self,
+        *,
+        full_every: int = DEFAULT_FULL_EVERY,
+        size: Callable[[CounterBatch], int] | None = None,
+    ) -> None:
         if full_every < 1:
             raise ValueError(f"full_every must be at least 1, not {full_every}")
         self.full_every = full_every
+        self._size = size
         self._base: CounterBatch | None = None
         self._deltas = 0  # deltas encoded since the base
         self._resync = True
@@ -122,7 +131,9 @@ class DeltaEncoder:
             and (base.interval_s is not None or current.interval_s is None)
         ):
             delta = delta_against(base, current)
-            if delta is not None:
+            if delta is not None and (
+                self._size is None or self._size(delta) < self._size(current)
+            ):
                 self._deltas += 1
                 return delta
         self._resync = False

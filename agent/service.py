@@ -43,6 +43,7 @@ from agent.rates import with_rates
 from agent.resync import ResyncPolicy
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
+from proto.codec import encode
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.inventory import NodeSnapshot
 from proto.messages import (
@@ -116,7 +117,10 @@ class AgentService:
         )
         self._snapshot_seq = 0
         self._counter_seq = 0
-        self._deltas = DeltaEncoder(full_every=settings.counter_full_every)
+        # A delta is sent only when it is smaller on the wire than the (packed) full batch.
+        self._deltas = DeltaEncoder(
+            full_every=settings.counter_full_every, size=lambda m: len(encode(m))
+        )
         self._event_seq = 0
         self._states: PortStates | None = None  # None: no poll has succeeded yet
         self._netdevs: Netdevs = {}

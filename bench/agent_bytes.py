@@ -139,7 +139,7 @@ def simulate(
     snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=T0, agent_version=__version__)
     motion = Motion(root, busy, seed)
     jitter = random.Random(seed + 1)
-    encoder = DeltaEncoder(full_every=full_every)
+    encoder = DeltaEncoder(full_every=full_every, size=lambda m: len(encode(m)))
     fulls: list[bytes] = []
     deltas: list[bytes] = []
     full_messages = 0

@@ -38,8 +38,12 @@ def restart(doc: Any) -> Series:
 
 
 def memory(doc: Any) -> Series:
-    points = [(p["nodes"], p["per_node_kb"]["median"]) for p in doc.get("process", [])]
-    return {"RSS growth per node (process)": points}
+    out: Series = {}
+    for label, part in (("RSS growth per node", doc), ("after (see doc)", doc.get("after", {}))):
+        points = [(p["nodes"], p["per_node_kb"]["median"]) for p in part.get("process", [])]
+        if points:
+            out[label] = points
+    return out
 
 
 def fanout(doc: Any) -> Series:

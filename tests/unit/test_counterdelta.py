@@ -212,3 +212,21 @@ def test_a_base_without_rates_is_replaced_by_the_first_batch_with_rates() -> Non
         encoder.sent(message, True)
         sent.append(message.base_seq)
     assert sent == [None, None, 2]
+
+
+def test_a_delta_not_smaller_than_the_full_batch_is_sent_full() -> None:
+    """Busy ports change every value: the packed full batch is then the cheaper message."""
+    sizes = {"full": 100, "delta": 100}
+
+    def size(message: CounterBatch) -> int:
+        return sizes["delta" if message.base_seq is not None else "full"]
+
+    encoder = DeltaEncoder(full_every=30, size=size)
+    sent = []
+    for n, delta_size in enumerate((0, 99, 100, 150, 10), start=1):
+        sizes["delta"] = delta_size
+        message = encoder.encode(batch(IDLE, seq=n, at=T0 + n))
+        encoder.sent(message, True)
+        sent.append(message.base_seq)
+    # 99 < 100: a delta on 1; 100 and 150 are not smaller: full (each a new base); 10: delta.
+    assert sent == [None, 1, None, None, 4]
