@@ -57,7 +57,8 @@ async def load_nodes(kv: KeyValue) -> AsyncIterator[StoredNode]:
     """Every decodable node in the bucket; undecodable entries are logged and skipped.
 
     One pass over the bucket's stream (an ordered consumer, last value per key), not a
-    key listing plus one request per key (3× the CPU at 10,000 nodes, bench/aggregator_restart.py).
+    key listing plus one request per key, which took 3× the CPU at 10,000 nodes
+    (bench/aggregator_restart.py).
     """
     try:
         watcher = await kv.watchall(ignore_deletes=True)
