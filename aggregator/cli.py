@@ -133,6 +133,14 @@ def main() -> None:
     "--identity",
     help="This replica's name in leader election. Default: <hostname>-<pid>.",
 )
+@click.option(
+    "--kv-replicas",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="Copies of every KV bucket in a JetStream cluster (3 for a 3-server cluster, so a "
+    "bucket survives a server); an existing bucket with fewer is raised.",
+)
 @validation_options
 @click.option(
     "--partitions",
@@ -185,6 +193,7 @@ def run(
     in_cluster: bool,
     kube_api: str | None,
     identity: str | None,
+    kv_replicas: int,
     validation_flags: ValidationFlags,
     partitions: int,
     api_token_file: Path | None,
@@ -268,6 +277,7 @@ def run(
         api_auth=api_auth,
         api_token_review=api_token_review,
         shards=ShardSettings(partitions=partitions),
+        kv_replicas=kv_replicas,
         alerts=AlertWiring(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
         ),

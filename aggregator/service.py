@@ -41,7 +41,14 @@ from aggregator.fleet import Fleet
 from aggregator.ingest import Ingest
 from aggregator.kube import KubeClient, KubeSettings
 from aggregator.kube_watch import ClusterWatcher
-from aggregator.leader import KubeLease, LeaderElector, LeaderSettings, LeaseStore, NatsLease
+from aggregator.leader import (
+    LEADER_BUCKET,
+    KubeLease,
+    LeaderElector,
+    LeaderSettings,
+    LeaseStore,
+    NatsLease,
+)
 from aggregator.metrics import Metrics
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.nvidia_import import audit_nic_cluster_policy
@@ -51,16 +58,37 @@ from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
 from aggregator.shardowner import ShardOwner, add_shard_routes
 from aggregator.shards import ShardSettings
-from aggregator.store import SnapshotWriter, StoredNode, load_nodes, open_bucket
+from aggregator.store import (
+    SnapshotWriter,
+    StoredNode,
+    ensure_buckets,
+    load_nodes,
+    open_bucket,
+)
 from aggregator.tokenreview import ReviewSettings, TokenReviewer
 from aggregator.validation import ValidationSettings
-from aggregator.validations import TEMPLATE, ValidationRunner, ValidationStore, load_template
+from aggregator.validations import (
+    KV_VALIDATIONS,
+    TEMPLATE,
+    ValidationRunner,
+    ValidationStore,
+    load_template,
+)
 from proto import subjects
 from proto.messages import Alert
 from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
 from proto.policy import Policy
 
 log = logging.getLogger(__name__)
+
+# Every KV bucket the aggregator uses (created with --kv-replicas copies at start).
+KV_BUCKETS: tuple[str, ...] = (
+    subjects.KV_NODES,
+    subjects.KV_CONFIG,
+    subjects.KV_ALERTS,
+    LEADER_BUCKET,
+    KV_VALIDATIONS,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +114,8 @@ class AggregatorSettings:
     # Kubernetes Lease with a cluster, a NATS KV entry without one.
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     leader_ttl: float = 10.0
+    # Copies of every KV bucket in a JetStream cluster (1: single server; 3 in deploy/).
+    kv_replicas: int = 1
     nvidia_audit_interval: float = 30.0
     api_auth: ApiAuth | None = None  # --api-token-file: bearer tokens; None: the API is open
     # --api-token-review: tokens not in api_auth are checked by TokenReview (needs `kube`).
@@ -167,6 +197,7 @@ class AggregatorService:
             nc = await self._connect(stop)
             if nc is None:
                 return
+            await ensure_buckets(nc.jetstream(), KV_BUCKETS, replicas=self.settings.kv_replicas)
             kv = await open_bucket(nc.jetstream())
             self._writer = SnapshotWriter(kv, self.metrics)
             ingest = Ingest(

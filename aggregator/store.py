@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
 from typing import Final
 
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
@@ -39,6 +40,35 @@ class StoredNode(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfl
     version: int = 1
     snapshot: NodeSnapshot
     received_at: float
+
+
+async def ensure_buckets(js: JetStreamContext, names: Iterable[str], *, replicas: int) -> None:
+    """Create each KV bucket with `replicas` copies (a JetStream cluster keeps it when a
+    server dies), or raise the replica count of an existing one. Run before the openers,
+    which then bind to what exists. Errors name the bucket and the `--kv-replicas` asked."""
+    for name in names:
+        try:
+            info = await js.stream_info(f"KV_{name}")
+        except NotFoundError:
+            try:
+                await js.create_key_value(
+                    bucket=name, history=1, description="nicfleet", replicas=replicas
+                )
+            except (TimeoutError, NatsError, JetStreamError) as exc:
+                raise StoreError(
+                    f"cannot create KV bucket {name} with --kv-replicas {replicas}: {exc}"
+                ) from exc
+            continue
+        except (TimeoutError, NatsError, JetStreamError) as exc:
+            raise StoreError(f"cannot look up KV bucket {name}: {exc}") from exc
+        if (info.config.num_replicas or 1) < replicas:
+            try:
+                await js.update_stream(replace(info.config, num_replicas=replicas))
+            except (TimeoutError, NatsError, JetStreamError) as exc:
+                raise StoreError(
+                    f"cannot raise KV bucket {name} to --kv-replicas {replicas}: {exc}"
+                ) from exc
+            log.info("KV bucket %s now has %d replicas", name, replicas)
 
 
 async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> KeyValue:
