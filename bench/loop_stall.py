@@ -103,10 +103,15 @@ async def _one(
 async def measure(nodes: int, runs: int, rate: float) -> dict[str, object]:
     fleet = build(nodes)
     result: dict[str, object] = {"nodes": nodes, "runs": runs, "rate": rate}
-    for mode, off_loop in (("on_loop", False), ("off_loop", True)):
+    modes = (("on_loop", False, False), ("off_loop", True, False), ("off_loop_frozen", True, True))
+    for mode, off_loop, frozen in modes:
         rules = AllRules()
         rules.evaluate(fleet, _policy(1), NO_CLUSTER, NOW)  # the first evaluation, untimed
+        if frozen:  # what the aggregator does after loading KV (aggregator/service.py)
+            gc.freeze()
         samples = [await _one(fleet, rules, 4000 + i, off_loop, rate) for i in range(runs)]
+        if frozen:
+            gc.unfreeze()
         result[mode] = {
             key: round(statistics.median(s[key] for s in samples), 2)
             for key in ("evaluation_s", "max_stall_ms", "applied", "max_gc2_ms")
@@ -128,7 +133,7 @@ def main() -> None:
     for r in results:
         print(f"{r['nodes']} nodes x 12 adapters, policy change, {r['rate']:g} counter "
               f"batches/s ingested (median of {r['runs']}):")  # fmt: skip
-        for mode in ("on_loop", "off_loop"):
+        for mode in ("on_loop", "off_loop", "off_loop_frozen"):
             m = r[mode]
             assert isinstance(m, dict)
             print(f"  {mode:9} evaluation {m['evaluation_s']:>7} s, longest stall "
