@@ -291,9 +291,7 @@ VALIDATION_OPERATIONS: Final[Mapping[str, Schema]] = {
     },
     "/api/v1/validations/{id}": {
         "summary": "One pair validation: phase, reason, both sides' results.",
-        "parameters": [
-            {"name": "id", "in": "path", "required": True, "schema": VALIDATION_ID}
-        ],
+        "parameters": [{"name": "id", "in": "path", "required": True, "schema": VALIDATION_ID}],
         "responses": {
             "200": _json("The validation.", _ref("ValidationRecord")),
             "400": _error("The id is not a validation id."),

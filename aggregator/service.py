@@ -425,9 +425,7 @@ class AggregatorService:
         if self.alerts is not None:
             add_alert_routes(app, engine=self.alerts)
         if self.validations is not None:
-            add_validation_routes(
-                app, runner=self.validations, fleet=self.fleet, cluster=cluster
-            )
+            add_validation_routes(app, runner=self.validations, fleet=self.fleet, cluster=cluster)
         add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
         if self.shard is not None:  # sharded: who holds what (docs/scaling.md)
             add_shard_routes(app, self.shard, self._findings)
