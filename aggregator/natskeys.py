@@ -21,6 +21,8 @@ from proto.natsconnect import NatsSecurityError, read_user_seed
 
 SERVER_CONFIG = "server-auth.conf"
 AGGREGATOR_SEED = "aggregator.nk"
+# The validation pods' one identity: publish a ValidationResult, nothing else (docs/validation.md).
+VALIDATION_SEED = "validation.nk"
 AGENTS_DIR = "agents"
 OBSERVERS_DIR = "observers"
 
@@ -29,6 +31,7 @@ OBSERVERS_DIR = "observers"
 class Provisioned:
     config: Path
     aggregator_seed: Path
+    validation_seed: Path
     agent_seeds: dict[str, Path]  # node -> seed file
     observer_seeds: dict[str, Path]  # name -> seed file (alert readers)
     created: tuple[str, ...]  # identities whose seed was written this run
@@ -38,6 +41,7 @@ class Provisioned:
         return {
             "config": str(self.config),
             "aggregator_seed": str(self.aggregator_seed),
+            "validation_seed": str(self.validation_seed),
             "agent_seeds": {node: str(path) for node, path in sorted(self.agent_seeds.items())},
             "observer_seeds": {n: str(path) for n, path in sorted(self.observer_seeds.items())},
             "created": list(self.created),
@@ -95,6 +99,10 @@ def provision(
     key, new = _ensure_seed(aggregator_seed, rotate=rotate)
     (created if new else kept).append("aggregator")
     identities = [Identity(Role.AGGREGATOR, key)]
+    validation_seed = out / VALIDATION_SEED
+    key, new = _ensure_seed(validation_seed, rotate=rotate)
+    (created if new else kept).append("validator")
+    identities.append(Identity(Role.VALIDATOR, key))
     seeds: dict[Role, dict[str, Path]] = {Role.AGENT: {}, Role.OBSERVER: {}}
     for role, directory, named in (
         (Role.AGENT, out / AGENTS_DIR, nodes),
@@ -117,6 +125,7 @@ def provision(
     return Provisioned(
         config=config,
         aggregator_seed=aggregator_seed,
+        validation_seed=validation_seed,
         agent_seeds=seeds[Role.AGENT],
         observer_seeds=seeds[Role.OBSERVER],
         created=tuple(created),

@@ -324,6 +324,15 @@ def tls_server(tmp_path: Path, pki: dict[str, Path]) -> Iterator[tuple[NatsServe
         yield srv, keys
 
 
+def assert_tls_refusal(error: str, reason: str) -> None:
+    """In TLS 1.3 the server judges the client certificate after the client's handshake
+    finished, so its alert ("certificate required", "unknown ca") races the client's first
+    write: on a busy machine the client sees the closed socket instead. Either way the
+    connection was refused (`refused` asserts it never connected)."""
+    text = error.lower()
+    assert reason in text or "broken pipe" in text or "connection reset" in text, error
+
+
 def client_tls(pki: dict[str, Path], who: str) -> dict[str, Path]:
     return {"tls_ca": pki["ca"], "tls_cert": pki[f"{who}-cert"], "tls_key": pki[f"{who}-key"]}
 
@@ -334,9 +343,9 @@ async def test_mutual_tls_refuses_clients_without_a_trusted_certificate(
     server, keys = tls_server
     seed = keys.agent_seeds[NODE_A]
     no_cert = NatsClientSecurity(nkey_seed_file=seed, tls_ca=pki["ca"])
-    assert "certificate required" in (await refused(server.url, no_cert)).lower()
+    assert_tls_refusal(await refused(server.url, no_cert), "certificate required")
     other_ca = NatsClientSecurity(nkey_seed_file=seed, **client_tls(pki, "rogue"))
-    assert "unknown ca" in (await refused(server.url, other_ca)).lower()
+    assert_tls_refusal(await refused(server.url, other_ca), "unknown ca")
     good = NatsClientSecurity(nkey_seed_file=seed, **client_tls(pki, "agent"))
     async with client(server.url, good, node=NODE_A) as nc:
         assert nc.is_connected

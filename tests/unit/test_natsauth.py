@@ -164,7 +164,7 @@ def test_rendered_config_is_json_nats_server_accepts(tmp_path: Path) -> None:
     doc = json.loads(done.config.read_text())
     assert "no_auth_user" not in json.dumps(doc)  # anonymous clients are refused
     users = doc["authorization"]["users"]
-    assert len(users) == 3
+    assert len(users) == 4  # aggregator, validator (validation pods), n1, n2.rack
     assert all(set(u) == {"nkey", "permissions"} for u in users)  # public keys, never seeds
     assert not any(str(u["nkey"]).startswith("S") for u in users)
     assert doc["tls"]["verify"] is True and doc["tls"]["ca_file"] == str(files["ca"])
@@ -175,7 +175,7 @@ def test_rendered_config_is_json_nats_server_accepts(tmp_path: Path) -> None:
 def test_seeds_are_private_kept_added_and_rotated(tmp_path: Path) -> None:
     out = tmp_path / "auth"
     first = provision(out, ("n1",))
-    seeds = [first.aggregator_seed, first.agent_seeds["n1"]]
+    seeds = [first.aggregator_seed, first.validation_seed, first.agent_seeds["n1"]]
     for path in seeds:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert path.read_text().startswith("SU")
@@ -186,10 +186,10 @@ def test_seeds_are_private_kept_added_and_rotated(tmp_path: Path) -> None:
     assert second.created == ("agent/n2",)
     users = json.loads(second.config.read_text())["authorization"]["users"]
     nkeys_in_config = {u["nkey"] for u in users}
-    assert public_key(seeds[1].read_bytes().strip()) in nkeys_in_config
+    assert public_key(seeds[2].read_bytes().strip()) in nkeys_in_config
     third = provision(out, (), rotate=True)
     assert all(p.read_bytes() != before[p] for p in seeds)
-    assert set(third.created) == {"aggregator", "agent/n1", "agent/n2"}
+    assert set(third.created) == {"aggregator", "validator", "agent/n1", "agent/n2"}
 
 
 def test_cli_writes_and_summarizes(tmp_path: Path) -> None:
@@ -205,7 +205,7 @@ def test_cli_writes_and_summarizes(tmp_path: Path) -> None:
     assert sorted(summary["agent_seeds"]) == ["n1", "n2", "n3"]
     assert sorted(summary["observer_seeds"]) == ["pager"]
     users = json.loads(Path(summary["config"]).read_text())["authorization"]["users"]
-    assert len(users) == 5  # aggregator, three agents, one observer
+    assert len(users) == 6  # aggregator, validator, three agents, one observer
     assert Path(summary["config"]).is_file()
 
 
