@@ -103,6 +103,8 @@ def aggregator_permissions() -> Permissions:
             "_INBOX.>",
             subjects.PARTITION_WILDCARD,
             subjects.SHARD_SUMMARY_WILDCARD,
+            # The pair-validation pods' results (docs/validation.md).
+            subjects.VALIDATION_WILDCARD,
         ),
     )
 

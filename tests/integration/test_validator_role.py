@@ -25,6 +25,7 @@ def validator_server(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
     seed_file = tmp_path / "validator.nk"
     seed_file.write_bytes(seed)
     aggregator = new_user_seed()
+    (tmp_path / "aggregator.nk").write_bytes(aggregator)
     config = tmp_path / "auth.conf"
     config.write_text(
         render_server_config(
@@ -65,3 +66,28 @@ async def test_validator_publishes_results_only(validator_server: tuple[NatsServ
         )
     finally:
         await nc.close()
+
+
+async def test_the_aggregator_receives_the_validators_result(
+    validator_server: tuple[NatsServer, Path],
+) -> None:
+    """The aggregator's role may subscribe to the results (else every validation under
+    authentication would time out waiting for them)."""
+    server, seed_file = validator_server
+    aggregator_seed = seed_file.with_name("aggregator.nk")
+    agg = await nats.connect(
+        server.url, **connect_options(NatsClientSecurity(nkey_seed_file=aggregator_seed))
+    )
+    pod = await nats.connect(
+        server.url, **connect_options(NatsClientSecurity(nkey_seed_file=seed_file))
+    )
+    try:
+        sub = await agg.subscribe(subjects.VALIDATION_WILDCARD)
+        await agg.flush(timeout=5)
+        await pod.publish(subjects.validation_subject("v-2"), b"result")
+        await pod.flush(timeout=5)
+        msg = await sub.next_msg(timeout=5)
+        assert (msg.subject, msg.data) == (subjects.validation_subject("v-2"), b"result")
+    finally:
+        await pod.close()
+        await agg.close()

@@ -86,6 +86,7 @@ KEY = public_key(new_user_seed())
                     "_INBOX.>",
                     "nicfleet.v1.part.>",
                     "nicfleet.v1.shard.*.summary",
+                    "nicfleet.v1.validation.*",
                 ),
             ),
             id="aggregator-never-publishes-node-subjects",
