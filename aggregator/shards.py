@@ -19,9 +19,8 @@ _FNV_PRIME: Final = 16777619
 @dataclass(frozen=True, kw_only=True)
 class ShardSettings:
     partitions: int = 0  # 0: not sharded (one aggregator takes every node subject)
-    heartbeat_s: float = 1.0  # a replica re-announces itself this often
+    heartbeat_s: float = 1.0  # a replica re-announces itself (and its summary) this often
     ttl_s: float = 6.0  # a replica not heard from for this long is dead
-    summary_s: float = 1.0  # per-shard vote summaries are re-published at least this often
 
     def __post_init__(self) -> None:
         if self.partitions < 0:
