@@ -276,7 +276,7 @@ def run(
         policy_file=policy_file,
         api_auth=api_auth,
         api_token_review=api_token_review,
-        shards=ShardSettings(partitions=partitions),
+        shards=ShardSettings(partitions=partitions, replicas=kv_replicas),
         kv_replicas=kv_replicas,
         alerts=AlertWiring(
             alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None

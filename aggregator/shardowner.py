@@ -129,7 +129,11 @@ class ShardOwner:
             self._kv = await js.key_value(KV_SHARDS)
         except JetStreamError:
             self._kv = await js.create_key_value(
-                bucket=KV_SHARDS, history=1, ttl=self._settings.ttl_s * 5, description="nicfleet"
+                bucket=KV_SHARDS,
+                history=1,
+                ttl=self._settings.ttl_s * 5,
+                description="nicfleet",
+                replicas=self._settings.replicas,
             )
         await self._nc.subscribe(subjects.SHARD_SUMMARY_WILDCARD, cb=self._on_summary)
         await self.tick(first=True)

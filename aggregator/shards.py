@@ -21,6 +21,7 @@ class ShardSettings:
     partitions: int = 0  # 0: not sharded (one aggregator takes every node subject)
     heartbeat_s: float = 1.0  # a replica re-announces itself (and its summary) this often
     ttl_s: float = 6.0  # a replica not heard from for this long is dead
+    replicas: int = 1  # copies of the `nicfleet-shards` bucket (`--kv-replicas`)
 
     def __post_init__(self) -> None:
         if self.partitions < 0:
