@@ -198,7 +198,8 @@ class AggregatorService:
             nc = await self._connect(stop)
             if nc is None:
                 return
-            await ensure_buckets(nc.jetstream(), KV_BUCKETS, replicas=self.settings.kv_replicas)
+            if self.settings.kv_replicas > 1:  # one copy: the openers below create them
+                await ensure_buckets(nc.jetstream(), KV_BUCKETS, replicas=self.settings.kv_replicas)
             kv = await open_bucket(nc.jetstream())
             self._writer = SnapshotWriter(kv, self.metrics)
             ingest = Ingest(

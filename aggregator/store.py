@@ -17,10 +17,11 @@ from dataclasses import replace
 from typing import Final
 
 from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.errors import Error as JetStreamError
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from aggregator.errors import StoreError
 from aggregator.metrics import Metrics
@@ -42,33 +43,57 @@ class StoredNode(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfl
     received_at: float
 
 
-async def ensure_buckets(js: JetStreamContext, names: Iterable[str], *, replicas: int) -> None:
+async def ensure_buckets(
+    js: JetStreamContext, names: Iterable[str], *, replicas: int, settle_s: float = 30.0
+) -> None:
     """Create each KV bucket with `replicas` copies (a JetStream cluster keeps it when a
     server dies), or raise the replica count of an existing one. Run before the openers,
     which then bind to what exists. Errors name the bucket and the `--kv-replicas` asked."""
     for name in names:
+        await _ensure_bucket(js, name, replicas=replicas, settle_s=settle_s)
+
+
+async def _ensure_bucket(
+    js: JetStreamContext, name: str, *, replicas: int, settle_s: float
+) -> None:
+    # A JetStream cluster answers nothing (timeouts) until its meta leader is elected, and
+    # a client may be between servers at start: transient, so retried for `settle_s`.
+    deadline = asyncio.get_running_loop().time() + settle_s
+    while True:
         try:
-            info = await js.stream_info(f"KV_{name}")
-        except NotFoundError:
-            try:
-                await js.create_key_value(
-                    bucket=name, history=1, description="nicfleet", replicas=replicas
-                )
-            except (TimeoutError, NatsError, JetStreamError) as exc:
-                raise StoreError(
-                    f"cannot create KV bucket {name} with --kv-replicas {replicas}: {exc}"
-                ) from exc
-            continue
+            await _ensure_bucket_once(js, name, replicas=replicas)
+            return
+        except StoreError as exc:
+            transient = isinstance(exc.__cause__, TimeoutError | NatsTimeoutError)
+            if not transient or asyncio.get_running_loop().time() >= deadline:
+                raise
+            log.info("KV bucket %s: %s; retrying", name, exc)
+            await asyncio.sleep(0.5)  # a retry pause, not a wait for a condition
+
+
+async def _ensure_bucket_once(js: JetStreamContext, name: str, *, replicas: int) -> None:
+    try:
+        info = await js.stream_info(f"KV_{name}")
+    except NotFoundError:
+        try:
+            await js.create_key_value(
+                bucket=name, history=1, description="nicfleet", replicas=replicas
+            )
         except (TimeoutError, NatsError, JetStreamError) as exc:
-            raise StoreError(f"cannot look up KV bucket {name}: {exc}") from exc
-        if (info.config.num_replicas or 1) < replicas:
-            try:
-                await js.update_stream(replace(info.config, num_replicas=replicas))
-            except (TimeoutError, NatsError, JetStreamError) as exc:
-                raise StoreError(
-                    f"cannot raise KV bucket {name} to --kv-replicas {replicas}: {exc}"
-                ) from exc
-            log.info("KV bucket %s now has %d replicas", name, replicas)
+            raise StoreError(
+                f"cannot create KV bucket {name} with --kv-replicas {replicas}: {exc}"
+            ) from exc
+        return
+    except (TimeoutError, NatsError, JetStreamError) as exc:
+        raise StoreError(f"cannot look up KV bucket {name}: {exc}") from exc
+    if (info.config.num_replicas or 1) < replicas:
+        try:
+            await js.update_stream(replace(info.config, num_replicas=replicas))
+        except (TimeoutError, NatsError, JetStreamError) as exc:
+            raise StoreError(
+                f"cannot raise KV bucket {name} to --kv-replicas {replicas}: {exc}"
+            ) from exc
+        log.info("KV bucket %s now has %d replicas", name, replicas)
 
 
 async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> KeyValue:
@@ -83,27 +108,42 @@ async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> Ke
         raise StoreError(f"cannot create KV bucket {name}: {exc}") from exc
 
 
-async def load_nodes(kv: KeyValue) -> AsyncIterator[StoredNode]:
+async def load_nodes(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[StoredNode]:
     """Every decodable node in the bucket; undecodable entries are logged and skipped.
 
     One pass over the bucket's stream (an ordered consumer, last value per key), not a
     key listing plus one request per key, which took 3× the CPU at 10,000 nodes
-    (bench/aggregator_restart.py).
+    (bench/aggregator_restart.py). The pass ends at the stream's last sequence as read
+    before it began, not at nats-py's end-of-initial-values marker alone: under load that
+    marker came first, before any entry, and a restart would have loaded nothing.
     """
     try:
-        watcher = await kv.watchall(ignore_deletes=True)
+        state = (await kv.status()).stream_info.state
+        watcher = await kv.watchall()
     except (TimeoutError, JetStreamError, NatsError) as exc:
         raise StoreError(f"cannot read KV bucket: {exc}") from exc
+    if not state.messages:
+        with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return
+    last = state.last_seq
     try:
-        async for entry in watcher:
-            if entry is None:
-                return  # the initial values are done
-            if not entry.value:
-                continue
+        while True:
             try:
-                yield decode(entry.value, StoredNode)
-            except CodecError as exc:
-                log.warning("skipping undecodable KV entry %s: %s", entry.key, exc)
+                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            except (TimeoutError, NatsError) as exc:
+                raise StoreError(
+                    f"KV bucket read stalled before sequence {last} ({timeout:g}s)"
+                ) from exc
+            if entry is None:
+                continue  # the end-of-initial-values marker: trust the sequence instead
+            if entry.value and entry.operation not in (KV_DEL, KV_PURGE):
+                try:
+                    yield decode(entry.value, StoredNode)
+                except CodecError as exc:
+                    log.warning("skipping undecodable KV entry %s: %s", entry.key, exc)
+            if entry.revision is not None and entry.revision >= last:
+                return
     finally:
         with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
             await watcher.stop()  # type: ignore[no-untyped-call]
