@@ -96,8 +96,23 @@ async def _ensure_bucket_once(js: JetStreamContext, name: str, *, replicas: int)
         log.info("KV bucket %s now has %d replicas", name, replicas)
 
 
-async def open_bucket(js: JetStreamContext, name: str = subjects.KV_NODES) -> KeyValue:
-    """Bind to the bucket, creating it on first use."""
+async def open_bucket(
+    js: JetStreamContext, name: str = subjects.KV_NODES, *, settle_s: float = 30.0
+) -> KeyValue:
+    """Bind to the bucket, creating it on first use. Timeouts (a JetStream cluster still
+    electing its meta leader, a client between servers) are retried for `settle_s`."""
+    deadline = asyncio.get_running_loop().time() + settle_s
+    while True:
+        try:
+            return await _open_bucket_once(js, name)
+        except TimeoutError as exc:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise StoreError(f"cannot open KV bucket {name}: {exc!r}") from exc
+            log.info("KV bucket %s: %r; retrying", name, exc)
+            await asyncio.sleep(0.5)  # a retry pause, not a wait for a condition
+
+
+async def _open_bucket_once(js: JetStreamContext, name: str) -> KeyValue:
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
