@@ -51,6 +51,12 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     counters_received_at: float | None = None
     device_plugin: DevicePluginStatus | None = None
     device_plugin_received_at: float | None = None
+    # What `counters` was merged from: the seq of the full batch (the delta base) and the
+    # keys the delta changed over it, in rate-key spelling ("counters/<name>",
+    # "counters_ext/<name>", "hw_counters/<name>", "rx_bytes", "tx_bytes"), over all ports.
+    # A full batch: its own seq and frozenset(). None: not known (anything may differ).
+    counters_base_seq: int | None = None
+    counters_delta: frozenset[str] | None = None
 
 
 class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):

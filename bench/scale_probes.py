@@ -205,7 +205,7 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
     self_n: Counter[str] = Counter()
     incl_n: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
+    for line in raw.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
