@@ -250,9 +250,17 @@ def _rails(peer: Peer) -> Iterator[tuple[int, Device]]:
         yield from enumerate(node_compute_adapters(peer.name, snap, peer.expect))
 
 
+def _rail_group(peer: Peer, i: int, rail: Rail) -> Hashable:
+    """Rail i of the nodes of one pool: the same applying policy and compute link layer
+    (an InfiniBand node and a RoCE node have no rail in common)."""
+    policy = min((p.metadata.name for p in peer.selecting), default=None)
+    return ("rail", policy, rail[2], i)
+
+
 def _rail_tally(peer: Peer) -> Iterator[Vote]:
     for i, device in _rails(peer):
-        yield i, _rail(device)
+        rail = _rail(device)
+        yield _rail_group(peer, i, rail), rail
 
 
 def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
@@ -270,8 +278,8 @@ def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
 
 def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
     found: list[Finding] = []
-    for (i, device), (_, rail) in zip(_rails(peer), votes, strict=True):
-        several, usuals = cast(tuple[bool, tuple[object, ...]], facts[i])
+    for (i, device), (group, rail) in zip(_rails(peer), votes, strict=True):
+        several, usuals = cast(tuple[bool, tuple[object, ...]], facts[group])
         if not several:
             continue
         values = cast(Rail, rail)

@@ -129,3 +129,23 @@ def test_rail_index_follows_pci_order_and_skips_other_link_layers() -> None:
     assert hits("rail-mismatch", clean) == set()
     skewed = fleet_of(node("n0", adapter()), node("n1", front, odd), node("n2", adapter()))
     assert hits("rail-mismatch", skewed) == {("n1", "mlx5_1")}
+
+
+def test_rails_are_compared_within_one_fabric_and_one_policy() -> None:
+    # Two InfiniBand nodes and two RoCE nodes: rail 0 of an IB node is no peer of rail 0 of a
+    # RoCE node (the demo fleet mixes both), so nothing differs.
+    mixed = fleet_of(
+        node("ib0", adapter()),
+        node("ib1", adapter()),
+        node("eth0", roce("mlx5_0", "0000:1a:00.0", "10.0.0.1")),
+        node("eth1", roce("mlx5_0", "0000:1a:00.0", "10.0.0.2")),
+    )
+    assert hits("rail-mismatch", mixed) == set()
+    # Within the RoCE pool a node on another subnet still stands out.
+    odd = fleet_of(
+        node("ib0", adapter()),
+        node("eth0", roce("mlx5_0", "0000:1a:00.0", "10.0.0.1")),
+        node("eth1", roce("mlx5_0", "0000:1a:00.0", "10.0.0.2")),
+        node("eth2", roce("mlx5_0", "0000:1a:00.0", "10.0.9.3")),
+    )
+    assert hits("rail-mismatch", odd) == {("eth2", "mlx5_0")}
