@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from agent.resync import ResyncPolicy, ResyncSchedule
 from proto.codec import CodecError, decode
 from proto.messages import ResyncRequest
+from proto.subjects import node_token, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class ResyncStats:
     requests: int = 0  # decoded requests received
     coalesced: int = 0  # requests that found an answer already pending
     rejected: int = 0  # payloads that did not decode (ignored)
+    other_partitions: int = 0  # scoped requests for partitions this node is not in
     answered: int = 0  # resyncs done
 
 
@@ -36,7 +38,9 @@ class ResyncControl:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        node: str | None = None,  # scoped requests (docs/scaling.md) name its partition
     ) -> None:
+        self._token = node_token(node) if node is not None else None
         self._schedule = ResyncSchedule(policy)
         self._monotonic = monotonic
         self._draw = draw
@@ -59,6 +63,11 @@ class ResyncControl:
                 log.warning("ignored a resync request: %s", exc)
             return
         self.stats.requests += 1
+        if request.partition_count and self._token is not None:
+            mine = partition_of(self._token, request.partition_count)
+            if mine not in request.partitions:  # a takeover of partitions not ours
+                self.stats.other_partitions += 1
+                return
         due = self._schedule.request(self._monotonic(), self._draw(), request.spread_s)
         if due is None:
             self.stats.coalesced += 1

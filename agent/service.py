@@ -44,6 +44,7 @@ from agent.resync import ResyncPolicy
 from agent.sysfs import Sysfs
 from agent.verbs import probe_verbs
 from proto.codec import encode
+from proto.compact import inventory_only
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.inventory import NodeSnapshot
 from proto.messages import (
@@ -107,7 +108,7 @@ class AgentService:
         self._reread = asyncio.Event()  # poll port states now
         self._first_snapshot = asyncio.Event()
         self.netlink_watching = asyncio.Event()  # set once the first link dump is known
-        self.control = ResyncControl(settings.resync)  # the aggregator's resync requests
+        self.control = ResyncControl(settings.resync, node=settings.node_name)  # resyncs asked
         self._publisher = Publisher(
             node=settings.node_name,
             url=settings.nats_url,
@@ -317,7 +318,8 @@ class AgentService:
                 self._snapshot = snapshot
                 self._feed_plugin()
             self._first_snapshot.set()
-            await self._publisher.publish(snapshot)
+            # Per-port counters travel in counter batches (docs/wire.md, "Snapshot counters").
+            await self._publisher.publish(inventory_only(snapshot))
 
     async def _counter_loop(self, stop: asyncio.Event) -> None:
         previous: CounterBatch | None = None

@@ -8,12 +8,14 @@ ordering rule for snapshots and counter batches, keeps live port state in step w
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Final, Literal, TypeVar, cast, get_args
 
 import msgspec
 from msgspec.structs import replace
 
+from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent, PortCounters
 
@@ -121,6 +123,7 @@ class Fleet:
         # The last full counter batch per node: what counter deltas are relative to.
         self._counter_bases: dict[str, CounterBatch] = {}
         self.unmatched_deltas = 0  # counter deltas whose full batch is not held (also ignored)
+        self._delta_keys = DeltaKeys()
         for record in records:
             self.load(record)
 
@@ -154,8 +157,9 @@ class Fleet:
         self._records[record.name] = record
 
     def apply_snapshot(self, snap: NodeSnapshot, received_at: float) -> NodeRecord:
-        """Store `snap` unless is_newer rejects it; accepted iff `result.snapshot` is not
-        the previously stored object.
+        """Store `snap`'s inventory (`proto.compact.inventory_only`: no per-port counters)
+        unless is_newer rejects it; accepted iff `result.snapshot` is not the previously
+        stored object.
 
         A port-state event observed after `snap` was collected but received before it is
         replayed onto it: the agent re-reads its inventory after every port event, so a
@@ -168,7 +172,7 @@ class Fleet:
             self.ignored += 1
             return old
         record = old or _new_record(snap.node, received_at)
-        live = snap
+        live = inventory_only(snap)  # counters belong to counter batches (docs/wire.md)
         for seen in record.events:
             if _supersedes(seen.event, live, record.events):
                 live = _patch(live, seen.event)
@@ -195,22 +199,28 @@ class Fleet:
         if old is not None and stored is not None and not _newer(batch, stored):
             self.ignored += 1
             return old
+        record = old or _new_record(batch.node, received_at)
+        changed: frozenset[str] | None
+        base_seq: int | None
         if batch.base_seq is None:
             self._counter_bases[batch.node] = batch
-            current: CounterBatch | None = batch
+            current, base_seq, changed = batch, batch.seq, _NOTHING
         else:
-            current = merge_counter_delta(self._counter_bases.get(batch.node), batch)
-        record = old or _new_record(batch.node, received_at)
-        if current is None:  # the node is alive all the same
-            self.ignored += 1
-            self.unmatched_deltas += 1
-            return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
+            merged = _merge(self._counter_bases.get(batch.node), batch, self._delta_keys)
+            if merged is None:  # the node is alive all the same
+                self.ignored += 1
+                self.unmatched_deltas += 1
+                return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
+            current, changed = merged
+            base_seq = batch.base_seq if changed is not None else None
         return self._store(
             replace(
                 record,
                 counters=current,
                 counters_received_at=received_at,
                 last_seen=max(record.last_seen, received_at),
+                counters_base_seq=base_seq,
+                counters_delta=changed,
             )
         )
 
@@ -274,19 +284,96 @@ def merge_counter_delta(base: CounterBatch | None, delta: CounterBatch) -> Count
     Like `is_newer`, a delta delayed across an agent restart may meet a new base of the
     same seq; the next message corrects it.
     """
+    merged = _merge(base, delta, None)
+    return None if merged is None else merged[0]
+
+
+_NOTHING: Final[frozenset[str]] = frozenset()
+
+
+def _merge(
+    base: CounterBatch | None, delta: CounterBatch, keys: DeltaKeys | None
+) -> tuple[CounterBatch, frozenset[str] | None] | None:
+    """`merge_counter_delta`, and (with `keys`) the keys the delta changed over the base
+    (NodeRecord.counters_delta); None for those when the delta is not only new values."""
     if base is None or base.base_seq is not None or base.seq != delta.base_seq:
         return None
     changes = {(p.device, p.port): p for p in delta.ports}
     ports = []
+    plain = keys is not None and delta.errors == base.errors
     for port in base.ports:
         change = changes.pop((port.device, port.port), None)
-        ports.append(port if change is None else _merge_port(port, change))
+        if change is None:
+            ports.append(port)
+            continue
+        if change.removed or change.saturated or change.resets or port.saturated or port.resets:
+            plain = False
+        ports.append(_merge_port(port, change))
     if changes:
         return None
-    return replace(delta, ports=tuple(ports), base_seq=None)
+    merged = replace(delta, ports=tuple(ports), base_seq=None)
+    if keys is None or not plain:
+        return merged, None
+    return merged, keys.of(delta.ports)
+
+
+class DeltaKeys:
+    """Key sets of deltas in rate-key spelling, shared between records: nodes whose deltas
+    change the same keys hold one frozenset. Bounded: cleared when full."""
+
+    MAX: Final = 4096
+
+    def __init__(self) -> None:
+        self._sets: dict[frozenset[str], frozenset[str]] = {}
+
+    def of(self, ports: tuple[PortCounters, ...]) -> frozenset[str]:
+        # Unions in C over every port; the per-key Python work is per distinct name.
+        keys: set[str] = set().union(*map(_RATES, ports))
+        for prefix, get in _GROUPS:
+            names: set[str] = set().union(*map(get, ports))
+            if names:
+                keys.update(map(prefix.__add__, names))
+        if {*map(_RX, ports)} - _NONE:
+            keys.add("rx_bytes")
+        if {*map(_TX, ports)} - _NONE:
+            keys.add("tx_bytes")
+        found = self._sets.get(frozen := frozenset(keys))
+        if found is None:
+            if len(self._sets) >= self.MAX:
+                self._sets.clear()
+            found = self._sets[frozen] = frozen
+        return found
+
+
+_RATES: Final = attrgetter("rates")
+_RX: Final = attrgetter("rx_bytes")
+_TX: Final = attrgetter("tx_bytes")
+_NONE: Final = frozenset({None})
+_GROUPS: Final = (
+    ("counters/", attrgetter("counters")),
+    ("counters_ext/", attrgetter("counters_ext")),
+    ("hw_counters/", attrgetter("hw_counters")),
+)
 
 
 def _merge_port(base: PortCounters, change: PortCounters) -> PortCounters:
+    if change.removed:
+        return _merge_port_removing(base, change)
+    # The hot path (every busy port of every delta): no removals, a group changes or not.
+    c, e, h, r = change.counters, change.counters_ext, change.hw_counters, change.rates
+    rx, tx = change.rx_bytes, change.tx_bytes
+    return replace(
+        change,
+        counters=base.counters | c if c else base.counters,
+        counters_ext=base.counters_ext | e if e else base.counters_ext,
+        hw_counters=base.hw_counters | h if h else base.hw_counters,
+        rx_bytes=base.rx_bytes if rx is None else rx,
+        tx_bytes=base.tx_bytes if tx is None else tx,
+        rates=base.rates | r if r else base.rates,
+    )
+
+
+def _merge_port_removing(base: PortCounters, change: PortCounters) -> PortCounters:
     gone: dict[str, set[str]] = {}
     for key in change.removed:
         group, _, name = key.partition("/")

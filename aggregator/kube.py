@@ -15,12 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import aiohttp
-from kubernetes.aio import client as k8s
-from kubernetes.aio import config as _k8s_config
-from kubernetes.aio import watch as _k8s_watch
 
 from aggregator.cluster import NetworkAttachment, PodRequest
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
@@ -36,6 +33,9 @@ from aggregator.kube_objects import (
 )
 from aggregator.tokenreview import TokenReviewResult, result_from_review
 
+if TYPE_CHECKING:  # imported when connecting: `kubernetes` costs ~0.4 s at every start
+    from kubernetes.aio import client as k8s
+
 GROUP: Final = "nicfleet.io"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "nicfleetpolicies"
@@ -45,9 +45,6 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 COMPONENT: Final = "nicfleet-aggregator"
 _REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,127}")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-# Parts of the client without annotations; typed as Any here rather than ignored per call.
-k8s_config: Any = _k8s_config
-k8s_watch: Any = _k8s_watch
 
 EventType = Literal["Normal", "Warning"]
 
@@ -72,6 +69,8 @@ class KubeClient:
     """One API connection. Build with `await KubeClient.connect(settings)`, then `close()`."""
 
     def __init__(self, api: k8s.ApiClient, settings: KubeSettings) -> None:
+        from kubernetes.aio import client as k8s
+
         self._api: Any = api
         self._settings = settings
         self._core = k8s.CoreV1Api(api)
@@ -81,6 +80,10 @@ class KubeClient:
 
     @classmethod
     async def connect(cls, settings: KubeSettings) -> KubeClient:
+        from kubernetes.aio import client as k8s
+        from kubernetes.aio import config
+
+        k8s_config: Any = config  # no annotations in this part of the client
         configuration = k8s.Configuration()
         try:
             if settings.host is not None:
@@ -223,7 +226,7 @@ class KubeClient:
         await self._json(
             f"create Pod {namespace}/{name}",
             self._core.create_namespaced_pod_without_preload_content(
-                namespace, _model(k8s.V1Pod, dict(body)), **self._timeout()
+                namespace, _model("V1Pod", dict(body)), **self._timeout()
             ),
         )
 
@@ -278,7 +281,7 @@ class KubeClient:
         api_version = "v1" if kind == "Node" else f"{GROUP}/{VERSION}"
         namespace = self._settings.event_namespace
         body = _model(
-            k8s.CoreV1Event,
+            "CoreV1Event",
             {
                 "metadata": {
                     "name": f"{name}.{uuid.uuid4().hex[:16]}",
@@ -345,7 +348,7 @@ class KubeClient:
         body = {"metadata": metadata, "spec": spec}
         call = (
             self._leases.create_namespaced_lease_without_preload_content(
-                namespace, _model(k8s.V1Lease, body), **self._timeout()
+                namespace, _model("V1Lease", body), **self._timeout()
             )
             if create
             else self._leases.patch_namespaced_lease_without_preload_content(
@@ -413,7 +416,9 @@ class KubeClient:
             kwargs["resource_version"] = resource_version
             kwargs["allow_watch_bookmarks"] = True
         # return_type "object": events stay plain dicts (no model validation to fail on).
-        watcher = k8s_watch.Watch(return_type="object")
+        from kubernetes.aio import watch
+
+        watcher = cast(Any, watch).Watch(return_type="object")  # the module has no annotations
         async with _translated(what), watcher.stream(func, *args, **kwargs) as stream:
             async for event in stream:
                 kind = event.get("type")
@@ -424,9 +429,11 @@ class KubeClient:
 
 @asynccontextmanager
 async def _translated(what: str) -> AsyncIterator[None]:
+    from kubernetes.aio.client import ApiException
+
     try:
         yield
-    except k8s.ApiException as exc:
+    except ApiException as exc:
         raise _translate(what, exc) from exc
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise KubeUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
@@ -439,8 +446,11 @@ def _translate(what: str, exc: Any) -> KubeError:
     )
 
 
-def _model(cls: Any, data: dict[str, Any]) -> Any:
-    model = cls.from_dict(data)
+def _model(name: str, data: dict[str, Any]) -> Any:
+    """`kubernetes.aio.client.<name>` built from `data` (a class of the client's models)."""
+    from kubernetes.aio import client
+
+    model = getattr(client, name).from_dict(data)
     if model is None:  # from_dict answers None only for None input
-        raise ValueError(f"cannot build {cls.__name__}")
+        raise ValueError(f"cannot build {name}")
     return model

@@ -137,6 +137,24 @@ FINDINGS: Final = _object(
     evaluated_at={"anyOf": [NUMBER, {"type": "null"}]},
     **{"continue": CONTINUE_TOKEN},
 )
+SHARD_MAP: Final = _object(
+    ("replica", "partitions", "held", "nodes", "live", "owners", "summaries", "takeovers"),
+    replica=STRING,
+    partitions=INT,
+    held=_array(INT),
+    nodes=INT,
+    live=_array(STRING),
+    owners={"type": "object", "additionalProperties": STRING},
+    summaries={"type": "object", "additionalProperties": INT},
+    takeovers=INT,
+    api_urls={"type": "object", "additionalProperties": STRING},
+    node_names=_array(STRING),
+    findings=_array(_object(("rule", "node", "subject"), rule=STRING,
+                            node={"anyOf": [STRING, {"type": "null"}]}, subject=STRING)),
+)  # fmt: skip
+# Sharded (docs/scaling.md): a node request for another replica's node is forwarded to it.
+FORWARD_FAILED: Final = "Sharded: the replica holding the node did not answer."
+FORWARDED_PATHS: Final = ("/api/v1/nodes/{node}", "/api/v1/resources", "/api/v1/trace")
 ALERTS: Final = _object(
     ("items", "count", "last_event_id"),
     items=_array(_ref("Alert")),
@@ -269,6 +287,14 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
         },
     },
 }
+# The GET of aggregator.shardroutes (registered only by a sharded replica, docs/scaling.md).
+SHARD_PATH: Final = "/api/v1/shards"
+SHARD_OPERATIONS: Final[Mapping[str, Schema]] = {
+    SHARD_PATH: {
+        "summary": "The shard map as this replica sees it, its nodes and its findings.",
+        "responses": {"200": _json("Partitions, holders, this replica's nodes.", SHARD_MAP)},
+    },
+}
 
 VALIDATION_ID: Final[Schema] = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"}
 _DNS_LABEL = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -354,7 +380,7 @@ def _described(method: str, path: str) -> Schema | None:
     if method == "POST":
         return POST_OPERATIONS.get(path)
     if method == "GET":
-        return OPERATIONS.get(path) or VALIDATION_OPERATIONS.get(path)
+        return OPERATIONS.get(path) or VALIDATION_OPERATIONS.get(path) or SHARD_OPERATIONS.get(path)
     return None
 
 
@@ -374,7 +400,9 @@ def openapi_document(
     the status page's files under /ui are skipped.
     """
     paths: dict[str, Schema] = {}
-    for method, path in sorted(set(routes)):
+    routes = set(routes)
+    sharded = ("GET", SHARD_PATH) in routes
+    for method, path in sorted(routes):
         if method == "HEAD":
             continue
         if is_ui_path(path):
@@ -385,6 +413,8 @@ def openapi_document(
         operation_id = _operation_id(path).replace("get-", f"{method.lower()}-", 1)
         operation: Schema = {"operationId": operation_id, **described}
         operation["responses"] = _with_protocol_error(operation["responses"])
+        if sharded and path in FORWARDED_PATHS:
+            operation["responses"] = {**operation["responses"], "502": _error(FORWARD_FAILED)}
         if secured and _is_open(path, metrics_public=metrics_public):
             operation["security"] = []
         elif secured:

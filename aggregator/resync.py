@@ -4,6 +4,7 @@ After start (fleet loaded from KV, node subscription in place), after each recon
 (nats-server may have cut us as a slow consumer) and when nats-py dropped node messages
 itself, one `ResyncRequest` goes out on `nicfleet.v1.control.resync` — coalesced, and at
 most one per `min_gap_s`. The agents' answers are spread over `spread_s` (fleet size).
+A sharded takeover asks only the taken-over partitions' agents (`request_partitions`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NatsClient
@@ -55,13 +56,25 @@ class ResyncRequester:
         self._clock = clock
         self._wanted = asyncio.Event()
         self._reason: ResyncReason = "start"
+        self._count = 0  # partition count of a scoped request; 0: ask every agent
+        self._partitions: set[int] = set()
         self.sent: dict[str, int] = {}  # requests published, by reason
 
     def request(self, reason: ResyncReason) -> None:
-        """Ask for a resync soon; safe to call from NATS callbacks, never blocks."""
+        """Ask every agent for a resync soon; safe to call from NATS callbacks, never blocks."""
         if not self._wanted.is_set():
             self._reason = reason
             self._wanted.set()
+        self._count, self._partitions = 0, set()  # a broadcast covers any scoped request
+
+    def request_partitions(self, partitions: Iterable[int], count: int) -> None:
+        """Ask only the agents of `partitions` (of `count`); merged into a pending request
+        (a pending broadcast stays a broadcast)."""
+        if not self._wanted.is_set():
+            self._reason, self._count, self._partitions = "shard-takeover", count, set()
+            self._wanted.set()
+        if self._count:
+            self._partitions.update(partitions)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -69,13 +82,20 @@ class ResyncRequester:
             if stop.is_set():
                 return
             self._wanted.clear()
-            await self._publish(self._reason)
+            scope, self._count, self._partitions = (self._count, self._partitions), 0, set()
+            await self._publish(self._reason, *scope)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.min_gap_s)
 
-    async def _publish(self, reason: ResyncReason) -> None:
+    async def _publish(self, reason: ResyncReason, count: int, partitions: set[int]) -> None:
         spread = resync_spread(self._nodes(), self._settings.rate_nodes_per_s)
-        message = ResyncRequest(reason=reason, spread_s=spread, requested_at=self._clock())
+        message = ResyncRequest(
+            reason=reason,
+            spread_s=spread,
+            requested_at=self._clock(),
+            partition_count=count,
+            partitions=tuple(sorted(partitions)),
+        )
         try:
             await self._nc.publish(subjects.CONTROL_RESYNC, encode(message))
             await self._nc.flush(timeout=2)
@@ -83,7 +103,9 @@ class ResyncRequester:
             # The next reconnect asks again; nats-py also re-sends a buffered publish.
             log.warning("resync request (%s) not confirmed: %s", reason, exc)
         self.sent[reason] = self.sent.get(reason, 0) + 1
-        log.info("asked agents to resync (%s), answers spread over %.1f s", reason, spread)
+        scope = f"partitions {sorted(partitions)} of {count}" if count else "every agent"
+        log.info("asked agents to resync (%s, %s), answers spread over %.1f s",
+                 reason, scope, spread)  # fmt: skip
 
 
 async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:

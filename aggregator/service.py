@@ -57,7 +57,10 @@ from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.reconciler import Reconciler, ReconcileSettings
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
-from aggregator.shardowner import ShardOwner, add_shard_routes
+from aggregator.shardalerts import AlertScope, open_sharded_alert_engine
+from aggregator.shardfleet import WholeFleet
+from aggregator.shardowner import ShardOwner
+from aggregator.shardroutes import add_shard_routes
 from aggregator.shards import ShardSettings
 from aggregator.store import (
     SnapshotWriter,
@@ -76,7 +79,7 @@ from aggregator.validations import (
     load_template,
 )
 from proto import subjects
-from proto.messages import Alert
+from proto.messages import Alert, ResyncReason
 from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
 from proto.policy import Policy
 
@@ -231,14 +234,15 @@ class AggregatorService:
             self.resync = ResyncRequester(
                 nc, self.settings.resync, nodes=lambda: len(self.fleet), clock=self.clock
             )
-            self.resync.request("start")
+            if not sharded:  # sharded: each partition taken asks its own agents
+                self.resync.request("start")
             if sharded:  # docs/scaling.md
-                resync = self.resync
+                resync, parts = self.resync, self.settings.shards.partitions
                 self.shard = ShardOwner(
                     nc, self.settings.shards, identity=self.settings.identity, fleet=self.fleet,
                     nodes_kv=kv, handle=ingest.handle, on_change=self.changes.publish,
-                    resync=lambda: resync.request("shard-takeover"), clock=self.clock,
-                    extra=lambda: self.nvidia_findings,
+                    resync=lambda held: resync.request_partitions(held, parts), clock=self.clock,
+                    extra=lambda: self.nvidia_findings, api_url=lambda: self.api_url,
                 )  # fmt: skip
                 await self.shard.start()
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
@@ -264,14 +268,19 @@ class AggregatorService:
                 lease,
                 LeaderSettings(identity=self.settings.identity, ttl_s=self.settings.leader_ttl),
             )
-            # Sharded, the leader holds only its share: writes planned from the whole fleet
-            # (desired config, status, alert lifecycle) stay off (docs/scaling.md, limits).
-            writes: Callable[[], bool] = (lambda: False) if sharded else (lambda: leader.is_leader)
+            # Sharded (docs/scaling.md, "Writes"): the leader plans desired config and status
+            # over the whole fleet (its own nodes + KV `nicfleet-nodes`) once it has read it.
+            whole = WholeFleet(self.fleet, self.clock) if sharded else None
+            writes: Callable[[], bool] = (
+                (lambda: leader.is_leader and whole.synced)
+                if whole is not None
+                else (lambda: leader.is_leader)
+            )
             self.reconciler = Reconciler(
                 ReconcileSettings(
                     stale_after=self.settings.stale_after, tick=self.settings.reconcile_tick
                 ),
-                fleet=self.fleet,
+                fleet=whole if whole is not None else self.fleet,
                 changes=self.changes.subscribe(),
                 policies=policy_source,
                 store=config_store,
@@ -282,21 +291,36 @@ class AggregatorService:
                 clock=self.clock,
                 observer=self.metrics,
             )
-            self.alerts = await open_alert_engine(
-                nc=nc,
-                fleet=self.fleet,
-                changes=self.changes.subscribe(),
-                policies=lambda: policy_source.current().policies,
-                cluster=cluster,
-                registry=self.metrics.registry,
-                clock=self.clock,
-                wiring=self.settings.alerts,
-                evaluate=self._rules or (self.shard.rules.evaluate if self.shard else None),
-                timings=self.shard.rules.timings if self.shard and not self._rules else None,
-                events=NodeEvents(kube) if kube is not None else None,
-                extra_findings=lambda: self.nvidia_findings,
-                is_leader=writes,
-            )
+            shard = self.shard
+            if shard is not None and self._rules is None:  # each replica: its own nodes
+                self.alerts = await open_sharded_alert_engine(
+                    nc=nc, fleet=self.fleet, changes=self.changes.subscribe(),
+                    policies=lambda: policy_source.current().policies, cluster=cluster,
+                    registry=self.metrics.registry, clock=self.clock,
+                    wiring=self.settings.alerts, evaluate=shard.rules.evaluate,
+                    timings=shard.rules.timings,
+                    scope=AlertScope(self.settings.shards.partitions,
+                                     held=lambda: shard.held, leading=lambda: leader.is_leader,
+                                     clock=self.clock,
+                                     grace_s=self.settings.alerts.engine.startup_grace_s),
+                    events=NodeEvents(kube) if kube is not None else None,
+                )  # fmt: skip
+            else:
+                self.alerts = await open_alert_engine(
+                    nc=nc,
+                    fleet=self.fleet,
+                    changes=self.changes.subscribe(),
+                    policies=lambda: policy_source.current().policies,
+                    cluster=cluster,
+                    registry=self.metrics.registry,
+                    clock=self.clock,
+                    wiring=self.settings.alerts,
+                    evaluate=self._rules or (self.shard.rules.evaluate if self.shard else None),
+                    timings=self.shard.rules.timings if self.shard and not self._rules else None,
+                    events=NodeEvents(kube) if kube is not None else None,
+                    extra_findings=lambda: self.nvidia_findings,
+                    is_leader=writes,
+                )
             self.validations = ValidationRunner(
                 kube=kube,
                 namespace=self.settings.kube.validation_namespace if self.settings.kube else "",
@@ -317,6 +341,8 @@ class AggregatorService:
                 tasks.create_task(self.resync.run(stop))
                 if self.shard is not None:
                     tasks.create_task(self.shard.run(stop))
+                if whole is not None:
+                    tasks.create_task(whole.run(stop, leader.leading, kv))
                 tasks.create_task(policy_source.run(stop))
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
@@ -349,16 +375,15 @@ class AggregatorService:
         async def up() -> None:
             connected.set(1)
             log.info("reconnected to NATS")
-            if self.resync is not None:  # whatever arrived while cut off is lost
-                self.resync.request("reconnect")
+            self._ask_resync("reconnect")  # whatever arrived while cut off is lost
 
         async def down() -> None:
             connected.set(0)
             log.warning("disconnected from NATS")
 
         async def error(exc: Exception) -> None:
-            if isinstance(exc, SlowConsumerError) and self.resync is not None:
-                self.resync.request("slow-consumer")  # nats-py dropped messages itself
+            if isinstance(exc, SlowConsumerError):
+                self._ask_resync("slow-consumer")  # nats-py dropped messages itself
             log.warning("NATS error: %s", exc)
 
         while not stop.is_set():
@@ -380,6 +405,15 @@ class AggregatorService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.5)
         return None
+
+    def _ask_resync(self, reason: ResyncReason) -> None:
+        """Every agent, or (sharded) only the agents of the partitions held here."""
+        if self.resync is None:
+            return
+        if self.shard is None:
+            self.resync.request(reason)
+        elif self.shard.held:
+            self.resync.request_partitions(self.shard.held, self.settings.shards.partitions)
 
     async def _audit_nvidia_policy(self, kube: KubeClient, stop: asyncio.Event) -> None:
         """Re-read `nic-cluster-policy` (never written) and audit it against the fleet."""
@@ -428,8 +462,8 @@ class AggregatorService:
         if self.validations is not None:
             add_validation_routes(app, runner=self.validations, fleet=self.fleet, cluster=cluster)
         add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
-        if self.shard is not None:  # sharded: who holds what (docs/scaling.md)
-            add_shard_routes(app, self.shard, self._findings)
+        if self.shard is not None:  # sharded: who holds what, forwarding (docs/scaling.md)
+            add_shard_routes(app, self.shard, self.fleet, self._findings)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)
@@ -456,7 +490,10 @@ class AggregatorService:
         return self.token_reviewer
 
     def _firing_alerts(self) -> list[Alert]:
-        """For /metrics: only the leader runs the alert lifecycle."""
+        """For /metrics: only the leader runs the alert lifecycle (sharded: each replica
+        for its own nodes, the leader also for fleet-level alerts)."""
+        if self.alerts is not None and self.shard is not None:
+            return self.alerts.firing()
         if self.alerts is None or self.leader is None or not self.leader.is_leader:
             return []
         return self.alerts.firing()

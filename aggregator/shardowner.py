@@ -13,7 +13,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from aiohttp import web
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -84,10 +83,13 @@ class ShardOwner:
         nodes_kv: KeyValue,
         handle: Callable[[str, bytes], bool],  # Ingest.handle on node subjects
         on_change: Callable[[str, str], None],
-        resync: Callable[[], None],
+        resync: Callable[[frozenset[int]], None],  # ask these partitions' agents to resend
         clock: Callable[[], float],
         extra: Callable[[], Sequence[Finding]] | None = None,
+        api_url: Callable[[], str | None] = lambda: None,  # put in the heartbeat
     ) -> None:
+        self._api_url = api_url
+        self.api_urls: dict[str, str] = {}  # replica -> its API, from the heartbeats
         self.me = replica_id(identity)
         self._nc, self._settings, self._fleet, self._nodes_kv = nc, settings, fleet, nodes_kv
         self._handle, self._on_change, self._resync, self._clock = handle, on_change, resync, clock
@@ -118,7 +120,13 @@ class ShardOwner:
             "owners": {str(p): r for p, r in sorted(self.owners.items())},
             "summaries": {r: s.nodes for r, s in sorted(self._summaries.items())},
             "takeovers": self.takeovers,
+            "api_urls": dict(sorted(self.api_urls.items())),
         }
+
+    def holder_of(self, name: str) -> tuple[str | None, str | None]:
+        """(replica, its API URL) holding node `name` in the current plan."""
+        replica = self.owners.get(self.partition(name))
+        return replica, self.api_urls.get(replica) if replica is not None else None
 
     def node_names(self) -> list[str]:
         return self._fleet.names()
@@ -156,7 +164,8 @@ class ShardOwner:
         assert self._kv is not None
         now = self._clock()
         beat = ShardSummary(replica=self.me, partitions=tuple(sorted(self.held)),
-                            nodes=len(self._fleet), sent_at=now)  # fmt: skip
+                            nodes=len(self._fleet), sent_at=now,
+                            api_url=self._api_url() or "")  # fmt: skip
         await self._kv.put(self.me, encode(beat))  # the votes go on the summary subject
         self.live = live_replicas(await self._heartbeats(now), now, self._settings.ttl_s)
         mine = plan(self._settings.partitions, self.live | {self.me})
@@ -178,11 +187,16 @@ class ShardOwner:
             except KeyNotFoundError:
                 continue
             revision = entry.revision or 0
+            with contextlib.suppress(CodecError):
+                url = decode(entry.value or b"", ShardSummary).api_url
+                if url:
+                    self.api_urls[key] = url
             seen = self._seen.get(key)
             if seen is None or seen[0] != revision:
                 self._seen[key] = (revision, now)
         for key in self._seen.keys() - set(keys):
             del self._seen[key]
+            self.api_urls.pop(key, None)
         return {replica: at for replica, (_, at) in self._seen.items()}
 
     async def _hold(self, wanted: frozenset[int], *, first: bool) -> None:
@@ -190,7 +204,7 @@ class ShardOwner:
         for partition in sorted(gone):
             await self._subs.pop(partition).unsubscribe()
         if gone:
-            for name in [n for n in self._fleet.names() if self._partition(n) in gone]:
+            for name in [n for n in self._fleet.names() if self.partition(n) in gone]:
                 self._fleet.forget(name)
                 self._on_change(name, "released")
             log.info("released partitions %s", sorted(gone))
@@ -205,19 +219,19 @@ class ShardOwner:
         try:
             async for stored in load_nodes(self._nodes_kv):
                 name = stored.snapshot.node
-                if self._partition(name) in new and name not in self._fleet:
+                if self.partition(name) in new and name not in self._fleet:
                     self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
                     self._on_change(name, "taken-over")
                     loaded += 1
         except StoreError as exc:  # the agents' answers to the resync fill the fleet
             log.warning("cannot load partitions %s from KV: %s", sorted(new), exc)
         finally:
-            self._resync()  # what was published before we subscribed is re-sent
+            self._resync(new)  # what was published before we subscribed is re-sent
         if not first:
             self.takeovers += len(new)
         log.info("holding partitions %s (+%d nodes from KV)", sorted(new), loaded)
 
-    def _partition(self, name: str) -> int:
+    def partition(self, name: str) -> int:
         return partition_of(subjects.node_token(name), self._settings.partitions)
 
     async def _on_node(self, msg: Msg) -> None:
@@ -256,19 +270,3 @@ class ShardOwner:
         if remote != self.shard_rules.remote:
             self.shard_rules.remote = remote
             self._on_change("_fleet", "shard-summary")
-
-
-def add_shard_routes(
-    app: web.Application, owner: ShardOwner, findings: Callable[[], Sequence[Finding]]
-) -> None:
-    """`GET /api/v1/shards`: this replica's partitions, nodes and findings (docs/scaling.md)."""
-
-    async def shards(request: web.Request) -> web.Response:
-        doc = owner.view()
-        doc["node_names"] = owner.node_names()
-        doc["findings"] = [
-            {"rule": f.rule, "node": f.node, "subject": f.subject} for f in findings()
-        ]
-        return web.json_response(doc)
-
-    app.router.add_get("/api/v1/shards", shards)

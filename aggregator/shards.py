@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
 
-_FNV_OFFSET: Final = 2166136261
-_FNV_PRIME: Final = 16777619
+from proto.subjects import partition_of
+
+__all__ = ["ShardSettings", "live_replicas", "owner", "partition_of", "plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,14 +28,6 @@ class ShardSettings:
             raise ValueError(f"partitions must be >= 0, got {self.partitions}")
         if self.heartbeat_s <= 0 or self.ttl_s <= self.heartbeat_s:
             raise ValueError("shard ttl_s must be longer than heartbeat_s (both > 0)")
-
-
-def partition_of(token: str, partitions: int) -> int:
-    """The partition nats-server's `{{partition(P,1)}}` gives a node token (FNV-1a 32)."""
-    h = _FNV_OFFSET
-    for byte in token.encode():
-        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
-    return h % partitions
 
 
 def _weight(replica: str, partition: int) -> bytes:

@@ -6,7 +6,8 @@ packet counters, their rates and the byte counts moved). Each is timed as the ma
 (before packing) and packed; the delta also with the aggregator's merge onto its base.
 (Agents send full batches packed and deltas as maps: see `proto.codec.encode`.)
 `ingest_*`: CPU per message through the aggregator's `Ingest.handle` (subject, decode,
-fleet apply, metrics), full batches with rising seq over 1,000 nodes. Not a test:
+fleet apply, metrics), full batches with rising seq over 1,000 nodes; `ingest_delta_map_us`:
+busy deltas (map form, as agents send them) on each node's full batch. Not a test:
 .venv/bin/python bench/codec_counters.py --json   (CPU time, median of --runs)
 """
 
@@ -89,12 +90,43 @@ def ingest_cpu(full: CounterBatch, encoder: Callable[[Any], bytes], runs: int) -
     return round(statistics.median(results), 1)
 
 
+def ingest_delta_cpu(full: CounterBatch, delta: CounterBatch, runs: int) -> float:
+    """Median CPU µs per `Ingest.handle` of a busy delta (1,000 nodes x 3 deltas each on
+    the node's full batch, which is applied first and not timed)."""
+    names = [f"n-{i:04d}" for i in range(1000)]
+    subject = {name: subjects.node_subject(name, subjects.COUNTERS) for name in names}
+    bases = [
+        (subject[name], codec.encode(msgspec.structs.replace(full, node=name))) for name in names
+    ]
+    deltas = [
+        (subject[name], encode_map(msgspec.structs.replace(delta, node=name, seq=delta.seq + k)))
+        for k in (0, 1, 2)
+        for name in names
+    ]
+    results = []
+    for _ in range(runs):
+        ingest = Ingest(
+            fleet=Fleet(), metrics=Metrics.create(), clock=time.time, on_snapshot=lambda s, t: None
+        )
+        for subj, data in bases:
+            ingest.handle(subj, data)
+        gc.collect()
+        start = time.process_time()
+        for subj, data in deltas:
+            ingest.handle(subj, data)
+        results.append((time.process_time() - start) / len(deltas) * 1e6)
+    return round(statistics.median(results), 1)
+
+
 def measure(shape: NodeShape, loops: int, runs: int, ingest_only: bool = False) -> dict[str, Any]:
     full = codec.decode(build_templates(shape).counters, CounterBatch)
-    if ingest_only:
-        return {"ingest_full_map_us": ingest_cpu(full, encode_map, runs)}
     delta = delta_against(full, busy_round(full))
     assert delta is not None
+    if ingest_only:
+        return {
+            "ingest_full_map_us": ingest_cpu(full, encode_map, runs),
+            "ingest_delta_map_us": ingest_delta_cpu(full, delta, runs),
+        }
     out: dict[str, Any] = {"ports": len(full.ports)}
     for label, batch in (("full", full), ("delta", delta)):
         forms = [("map", encode_map(batch))] + ([("packed", packed(batch))] if PACKED else [])
@@ -114,6 +146,7 @@ def measure(shape: NodeShape, loops: int, runs: int, ingest_only: bool = False) 
                 )
             out[f"{label}_{encoding}"] = row
     out["ingest_full_map_us"] = ingest_cpu(full, encode_map, runs)
+    out["ingest_delta_map_us"] = ingest_delta_cpu(full, delta, runs)
     if not PACKED:
         return out
     out["ingest_full_packed_us"] = ingest_cpu(full, packed, runs)

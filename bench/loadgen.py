@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import multiprocessing as mp
 import statistics
@@ -40,7 +41,7 @@ from agent.sysfs import Sysfs  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
 from proto.messages import CounterBatch, LinkEvent, PortCounters  # noqa: E402
-from proto.packedcounters import PackedCounterBatch, pack  # noqa: E402
+from proto.packedcounters import pack  # noqa: E402
 
 BATCH_SLEEP: Final = 0.002  # publish everything due within 2 ms in one go
 ENCODINGS: Final = ("packed", "map")
@@ -79,6 +80,7 @@ class LoadSpec:
     port_down: tuple[tuple[int, float], ...] = ()
     encoding: str = "packed"  # of full counter batches: packed (agents today) | map (before)
     full_every: int = 30  # a full batch every n rounds, deltas between (1: full only)
+    snapshots: bool = True  # False: no snapshot phase (a run that only needs the counters)
 
 
 @dataclass
@@ -159,34 +161,65 @@ def busy_round(base: CounterBatch, step: int = 1_000_000) -> CounterBatch:
     )
 
 
+VARYING: Final = ("node", "seq", "collected_at", "interval_s", "base_seq")
+_encoder: Final = msgspec.msgpack.Encoder()
+
+
+class Spliced:
+    """One message type's template encoded once: every field but `VARYING` is kept as
+    pre-encoded msgpack (`msgspec.Raw`) in the map or array the Struct encodes to (tag
+    first, fields in order), so a message costs one small encode — byte-identical to
+    encoding the whole Struct with those fields replaced."""
+
+    def __init__(self, template: msgspec.Struct) -> None:
+        config = template.__struct_config__
+        items: list[tuple[str, Any]] = []
+        if config.tag_field is not None:
+            items.append((config.tag_field, config.tag))
+        slots: dict[str, str | int] = {}
+        for f in msgspec.structs.fields(template):
+            if f.name in VARYING:
+                slots[f.name] = len(items) if config.array_like else f.encode_name
+                items.append((f.encode_name, None))
+            else:
+                fixed = msgspec.Raw(_encoder.encode(getattr(template, f.name)))
+                items.append((f.encode_name, fixed))
+        if set(slots) != set(VARYING):
+            raise ValueError(f"{type(template).__name__} lacks {set(VARYING) - set(slots)}")
+        self._frame: Any = [v for _, v in items] if config.array_like else dict(items)
+        self._slots = tuple(slots[name] for name in VARYING)
+
+    def encode(
+        self, node: str, seq: int, collected_at: float, interval_s: float, base_seq: int | None
+    ) -> bytes:
+        frame = self._frame.copy()
+        a, b, c, d, e = self._slots
+        frame[a], frame[b], frame[c], frame[d], frame[e] = (
+            node,
+            seq,
+            collected_at,
+            interval_s,
+            base_seq,
+        )
+        return _encoder.encode(frame)
+
+
 class CounterStream:
-    """One worker's counter messages: templates decoded once, per message only node, seq,
-    times and base_seq replaced before encoding (a full batch is packed once, not per
-    message)."""
+    """One worker's counter messages: the full batch (packed, as codec.encode sends it, or
+    a map) and the delta (a map) spliced from pre-encoded templates; per message only node,
+    seq, times and base_seq are encoded."""
 
     def __init__(self, tpl: Templates, encoding: str) -> None:
         full = codec.decode(tpl.counters, CounterBatch)
         delta = codec.decode(tpl.delta, CounterBatch) if tpl.delta else full
-        self._full: CounterBatch | PackedCounterBatch = full
-        self._delta: CounterBatch | PackedCounterBatch = delta
-        self._encode = codec.encode_map
-        if encoding == "packed":  # as codec.encode does: full batches packed, deltas maps
-            self._full, self._encode = pack(full), codec.encode
+        self._full = Spliced(pack(full) if encoding == "packed" else full)
+        self._delta = Spliced(delta)
 
     def message(
         self, node: str, seq: int, now: float, period: float, base_seq: int | None
     ) -> bytes:
-        template = self._full if base_seq is None else self._delta
-        return self._encode(
-            msgspec.structs.replace(
-                template,
-                node=node,
-                seq=seq,
-                collected_at=now,
-                interval_s=period,
-                base_seq=base_seq,
-            )
-        )
+        frame = self._full if base_seq is None else self._delta
+        return frame.encode(node, seq, now, period, base_seq)
 
 
 @dataclass
@@ -196,9 +229,40 @@ class WorkerStats:
     snapshots: int = 0
     counters: int = 0
     counter_bytes: int = 0
+    cpu_s: float = 0.0  # process CPU time of the counter phase
     events: list[tuple[str, float]] = field(default_factory=list)  # (node, sent wall time)
     late_ms: dict[str, float] = field(default_factory=dict)  # publish time after due time
     errors: list[str] = field(default_factory=list)
+
+
+def phase_offsets(mine: list[int], nodes: int, period: float) -> list[float]:
+    """Each node's send time within a round: phases spread evenly over the interval (so a
+    worker's offsets ascend with its node indexes)."""
+    return [(i / nodes) * period for i in mine]
+
+
+def burst_end(offsets: list[float], start: int, round_at: float, horizon: float) -> int:
+    """One past the last node (from `start`) due by `horizon` in the round starting at
+    `round_at`: the burst sent in one go."""
+    return bisect.bisect_right(offsets, horizon - round_at, lo=start)
+
+
+def lateness_summary(late_s: list[float]) -> dict[str, float]:
+    """p50 / p99 / max of how late (s) messages left after their due time, in ms."""
+    if not late_s:
+        return {}
+    ordered = sorted(late_s)
+    return {
+        "p50": round(statistics.median(ordered) * 1000, 1),
+        "p99": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 1),
+        "max": round(ordered[-1] * 1000, 1),
+    }
+
+
+def is_full_round(tick: int, index: int, full_every: int) -> bool:
+    """A full batch in the first round, then every `full_every` rounds, phases spread over
+    the nodes (node `index` sends its full batch when (tick + index) % full_every == 0)."""
+    return tick == 0 or (tick + index) % full_every == 0
 
 
 async def _run_worker(
@@ -221,7 +285,7 @@ async def _run_worker(
     )
     try:
         begin, gap = time.monotonic(), spec.processes / spec.snapshot_rate
-        for k, name in enumerate(names):
+        for k, name in enumerate(names if spec.snapshots else ()):
             ahead = begin + k * gap - time.monotonic()
             if ahead > BATCH_SLEEP:
                 await asyncio.sleep(ahead)
@@ -232,39 +296,39 @@ async def _run_worker(
         sent.put(worker)
         await asyncio.to_thread(go.wait)
         t0 = float(start_at.value)
+        cpu0 = time.process_time()
         downs = {mine.index(i): off for i, off in spec.port_down if i in mine}
         counter_subjects = [subjects.node_subject(n, subjects.COUNTERS) for n in names]
         period = 1.0 / spec.hz
+        offsets = phase_offsets(mine, spec.nodes, period)
         late: list[float] = []
-        ticks = int(spec.duration_s * spec.hz)
-        for tick in range(ticks):
-            for j, name in enumerate(names):
-                due = t0 + tick * period + (mine[j] / spec.nodes) * period
+        publish, message, full_every = nc.publish, stream.message, spec.full_every
+        for tick in range(int(spec.duration_s * spec.hz)):
+            round_at, seq, j = t0 + tick * period, tick + 2, 0
+            while j < len(names):
                 now = time.time()
-                if due - now > BATCH_SLEEP:
-                    await asyncio.sleep(due - now)
-                    now = time.time()
-                late.append(max(0.0, now - due))
-                seq = tick + 2
-                if tick == 0 or (tick + mine[j]) % spec.full_every == 0:
-                    last_full[j] = seq  # phases of the full batches spread over the nodes
-                data = stream.message(
-                    name, seq, now, period, None if last_full[j] == seq else last_full[j]
-                )
-                await nc.publish(counter_subjects[j], data)
-                stats.counters += 1
-                stats.counter_bytes += len(data)
-                off = downs.get(j)
-                if off is not None and tick * period <= off < (tick + 1) * period:
-                    stats.events.append((name, await _port_down(nc, name, tpl.device)))
+                ahead = round_at + offsets[j] - now
+                if ahead > BATCH_SLEEP:
+                    await asyncio.sleep(ahead)
+                    continue
+                end = burst_end(offsets, j, round_at, now + BATCH_SLEEP)
+                for k in range(j, end):  # the burst: no suspension until it is all queued
+                    late.append(max(0.0, now - round_at - offsets[k]))
+                    if is_full_round(tick, mine[k], full_every):
+                        last_full[k] = seq
+                    base = None if last_full[k] == seq else last_full[k]
+                    data = message(names[k], seq, now, period, base)
+                    await publish(counter_subjects[k], data)  # queues; never suspends here
+                    stats.counter_bytes += len(data)
+                    off = downs.get(k)
+                    if off is not None and tick * period <= off < (tick + 1) * period:
+                        stats.events.append((names[k], await _port_down(nc, names[k], tpl.device)))
+                stats.counters += end - j
+                j = end
+                await asyncio.sleep(0)  # let nats-py's flusher write the burst
         await nc.flush(timeout=60)
-        if late:
-            late.sort()
-            stats.late_ms = {
-                "p50": round(statistics.median(late) * 1000, 1),
-                "p99": round(late[int(0.99 * (len(late) - 1))] * 1000, 1),
-                "max": round(late[-1] * 1000, 1),
-            }
+        stats.cpu_s = round(time.process_time() - cpu0, 3)
+        stats.late_ms = lateness_summary(late)
     finally:
         await nc.close()
     return stats
@@ -358,6 +422,11 @@ class LoadGen:
             "events": events,
             "late_ms_p99_worst": max((s["late_ms"].get("p99", 0.0) for s in stats), default=0),
             "late_ms_max": max((s["late_ms"].get("max", 0.0) for s in stats), default=0),
+            "cpu_s": round(sum(s["cpu_s"] for s in stats), 3),
+            "cpu_ms_per_1000_msgs": round(
+                1e6 * sum(s["cpu_s"] for s in stats) / max(1, sum(s["counters"] for s in stats)),
+                1,
+            ),
             "errors": [e for s in stats for e in s["errors"]],
         }
 
@@ -404,7 +473,8 @@ def main() -> None:
     print(
         f"{result['nodes']} nodes, {rate:.0f} counter msgs/s of "
         f"{result['counter_bytes_per_msg']} B, generator late p99 "
-        f"{result['late_ms_p99_worst']} ms, {len(result['events'])} port-down events, "
+        f"{result['late_ms_p99_worst']} ms, CPU {result['cpu_ms_per_1000_msgs']} ms per 1,000 "
+        f"msgs, {len(result['events'])} port-down events, "
         f"errors: {result['errors'] or 'none'}"
     )
 

@@ -55,7 +55,11 @@ from proto.packedcounters import PackedCounterBatch, pack, unpack  # noqa: E402
 
 TARGET_KB: Final = 50.0
 LAB: Final = "h100-ib-12nic"
-CHUNK: Final = 250  # nodes published before waiting for the aggregator to catch up
+CHUNK: Final = 250
+# "interned": the decode proposed before interning landed (proto/compact.py, packedcounters).
+VARIANTS: Final = (
+    ("baseline", "interned") if "--interned" in sys.argv else ("baseline",)
+)  # nodes published before waiting for the aggregator to catch up
 
 
 @dataclass(frozen=True)
@@ -321,7 +325,7 @@ def decode_cost(tpl: Templates, variant: str, nodes: int = 300) -> float:
 def where(tpl: Templates, nodes: int, sample: int, top: int) -> dict[str, Any]:
     """Per variant (baseline: the code as it is; interned: the proposed decode)."""
     out: dict[str, Any] = {"nodes": nodes}
-    for variant in ("baseline", "interned"):
+    for variant in VARIANTS:
         gc.collect()
         objects_before = len(gc.get_objects())
         tracemalloc.start()
@@ -360,6 +364,7 @@ def main() -> None:
     parser.add_argument("--where", type=int, default=0, metavar="N", help="in-process, N nodes")
     parser.add_argument("--sample", type=int, default=300, help="nodes walked with --where")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--interned", action="store_true", help="--where: the old proposal too")
     opts = parser.parse_args()
     tpl = build_templates()
     sizes = {

@@ -4,7 +4,9 @@ One real nats-server, one `nicfleet-aggregator run --policy FILE` process and N 
 simulated agents (asyncio tasks spread over --procs processes; each watches its own key of
 KV nicfleet-config and publishes a DevicePluginStatus with the new generation, no real
 device plugin). The policy file is rewritten --changes times; per change the latency of
-each node (file written -> its status with the new generation received here) is recorded.
+each node (file written -> its status with the new generation received here) and the CPU
+seconds of the aggregator and nats-server are recorded. `--tree DIR` runs the aggregator of
+another source tree (A/B); `--profile OUT` records it with py-spy during the changes.
 Never a test. Run: .venv/bin/python bench/policy_fanout.py [--json]
 """
 
@@ -146,8 +148,28 @@ async def sim_main(url: str, first: int, count: int, ready_file: Path) -> None:
 # --- the measuring side ---------------------------------------------------------------
 
 
-def spawn(argv: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, cwd=REPO, stderr=subprocess.DEVNULL if quiet else None)
+def spawn(argv: list[str], *, quiet: bool = False, cwd: Path = REPO) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=cwd, stderr=subprocess.DEVNULL if quiet else None)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` so far (/proc/PID/stat utime, stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording `pid` (raw collapsed stacks, 100 Hz) until sent SIGINT."""
+    argv = [str(REPO / ".venv/bin/py-spy"), "record", "--rate", "100", "--format", "raw",
+            "--pid", str(pid), "-o", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def nats_server_pid() -> int:
+    """The nats-server this process started (NatsServer does not expose its pid)."""
+    found = subprocess.run(["pgrep", "-P", str(os.getpid()), "nats-server"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return int(found.stdout.split()[0])
 
 
 def exists(path: Path) -> bool:
@@ -183,8 +205,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         procs.append(spawn(
             [sys.executable, "-m", "aggregator", "run", "--nats-url", server.url,
              "--policy", str(policy), "--listen", "127.0.0.1:0", "--ready-file", str(agg_ready)],
-            quiet=True,
+            quiet=True, cwd=args.tree,
         ))  # fmt: skip
+        aggregator_pid, server_pid = procs[0].pid, nats_server_pid()
         await wait_file(agg_ready, procs[0], 30)
         latest: dict[str, int] = {}
         arrivals: dict[str, float] = {}
@@ -214,22 +237,30 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             await wait_file(work / f"sim-{p}.ready", procs[1 + p], 300 + args.agents / 20)
         setup_s = time.monotonic() - started
         await wait_all(latest, args.agents, 1, timeout=120 + args.agents / 50)
+        spy = None if args.profile is None else profiler(aggregator_pid, args.profile)
         changes = []
         for change in range(args.changes):
             generation = change + 2
             arrivals.clear()
             target[0] = generation
             t0 = time.time()
+            cpu0 = cpu_s(aggregator_pid), cpu_s(server_pid)
             tmp = policy.with_name("policy.yaml.tmp")
             tmp.write_text(policy_text(generation))
             tmp.replace(policy)
             await wait_all(latest, args.agents, generation, timeout=60 + args.agents / 50)
             lat = [arrivals[n] - t0 for n in arrivals]
+            await asyncio.sleep(args.pause)  # let the fleet settle between changes
             changes.append({
                 "p50_s": round(quantile(lat, 0.5), 3), "p99_s": round(quantile(lat, 0.99), 3),
                 "all_s": round(max(lat), 3), "first_s": round(min(lat), 3), "nodes": len(lat),
+                # CPU from the file write to the end of the pause (the statuses' ingest too)
+                "aggregator_cpu_s": round(cpu_s(aggregator_pid) - cpu0[0], 3),
+                "nats_server_cpu_s": round(cpu_s(server_pid) - cpu0[1], 3),
             })  # fmt: skip
-            await asyncio.sleep(args.pause)  # let the fleet settle between changes
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            spy.wait(timeout=60)
         await nc.close()
     finally:
         for proc in reversed(procs):
@@ -249,6 +280,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "median_all_s": round(statistics.median(c["all_s"] for c in changes), 3),
         # first_s is mostly the policy-file poll (0-0.5 s); all_s - first_s is the fan-out.
         "median_spread_s": round(statistics.median(c["all_s"] - c["first_s"] for c in changes), 3),
+        "median_aggregator_cpu_s": statistics.median(c["aggregator_cpu_s"] for c in changes),
+        "median_nats_server_cpu_s": statistics.median(c["nats_server_cpu_s"] for c in changes),
+        "tree": str(args.tree),
         "target_p99_s": TARGET_P99_S,
         "setup_s": round(setup_s, 1),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -272,6 +306,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=2, help="simulated-agent processes")
     parser.add_argument("--changes", type=int, default=5, help="policy changes measured")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between changes")
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=REPO,
+        help="source tree whose aggregator runs (e.g. a `git archive` copy)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy raw profile of the aggregator "
+        "during the changes (summary: bench/aggregator_restart.py --summarize)",
+    )
     parser.add_argument("--sim", nargs=4, metavar=("URL", "FIRST", "COUNT", "READY"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)

@@ -1,14 +1,16 @@
 """How long rule evaluation takes over a fleet of N copies of the 12-NIC lab node: the full
 `evaluate()` side by side with `IncrementalRules` (first call, one node changed, tick).
+`--steady`: the alert engine's CPU per node-change with every node sending one busy-port
+counter delta per second (loadgen's 16-port node), cycles every `--per-cycle` changes.
 
-Renders `h100-ib-12nic` once, reads it with the agent, clones the snapshot under N node
-names (each with a counter batch carrying rates); reports medians and maxima. Not a
-test: numbers go to stdout (`--json` for scripts).
+Renders the lab node once, reads it with the agent, clones it under N node names; reports
+medians and maxima. Not a test: numbers go to stdout (`--json` for scripts).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
@@ -116,13 +118,89 @@ def measure(nodes: int, runs: int, samples: int) -> dict[str, object]:
     }
 
 
+def steady(nodes: int, rounds: int, per_cycle: int) -> dict[str, object]:
+    """CPU of `AlertEngine.cycle` per node-change, every node one busy delta per round."""
+    from loadgen import NodeShape, build_templates
+    from prometheus_client import CollectorRegistry
+
+    import aggregator
+    from aggregator.alerts.delivery import Broker
+    from aggregator.alerts.engine import AlertEngine, EngineSettings
+    from aggregator.alerts.metrics import AlertMetrics
+    from aggregator.alerts.setup import AllRules
+    from aggregator.changes import ChangeFeed
+    from aggregator.cluster import NO_CLUSTER
+    from proto import codec
+    from proto.inventory import NodeSnapshot
+
+    tpl = build_templates(NodeShape())
+    snap = codec.decode(tpl.snapshot, NodeSnapshot)
+    full = codec.decode(tpl.counters, CounterBatch)
+    delta = codec.decode(tpl.delta, CounterBatch)
+    fleet, names = Fleet(), [f"sim-{i:05d}" for i in range(nodes)]
+    for name in names:
+        fleet.apply_snapshot(msgspec.structs.replace(snap, node=name, collected_at=NOW), NOW)
+        batch = msgspec.structs.replace(full, node=name, seq=1, collected_at=NOW)
+        fleet.apply_counters(batch, received_at=NOW)
+    clock = [NOW]
+    engine = AlertEngine(
+        fleet=fleet, changes=ChangeFeed().subscribe(), evaluate=AllRules().evaluate_async,
+        policies=lambda: (), cluster=lambda: NO_CLUSTER, settings=EngineSettings(),
+        metrics=AlertMetrics.create(CollectorRegistry()), broker=Broker(first_id=1),
+        clock=lambda: clock[0],
+    )  # fmt: skip
+    cycles: list[float] = []  # CPU seconds of each round's cycles
+
+    async def run() -> None:
+        await engine.cycle("start")
+        for r in range(rounds):
+            spent = 0.0
+            for i, name in enumerate(names):
+                now = NOW + r + 1 + i / nodes
+                clock[0] = now
+                batch = msgspec.structs.replace(
+                    delta, node=name, seq=r + 2, collected_at=now, base_seq=1
+                )
+                fleet.apply_counters(batch, received_at=now)
+                if (i + 1) % per_cycle == 0 or i + 1 == nodes:
+                    cpu = time.process_time()
+                    await engine.cycle("change")
+                    spent += time.process_time() - cpu
+            cycles.append(spent)
+
+    asyncio.run(run())
+    record = fleet.get(names[0])
+    assert record is not None
+    per_change = [c / nodes * 1e6 for c in cycles[1:]]  # the first round warms up
+    return {
+        "nodes": nodes,
+        "per_cycle": per_cycle,
+        "rounds": rounds,
+        "findings": len(engine.findings),
+        "delta_keys_known": record.counters_delta is not None,
+        "aggregator": str(Path(aggregator.__file__).parent),
+        "cpu_us_per_node_change_median": round(statistics.median(per_change), 2),
+        "cpu_us_per_node_change_max": round(max(per_change), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000, 10000])
     parser.add_argument("--runs", type=int, default=5, help="full evaluations per size")
     parser.add_argument("--samples", type=int, default=21, help="incremental steps per size")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--steady", action="store_true", help="the steady-state scenario")
+    parser.add_argument("--rounds", type=int, default=4, help="--steady: rounds (seconds)")
+    parser.add_argument("--per-cycle", type=int, nargs="+", default=[1, 100],
+                        help="--steady: node changes per engine cycle")  # fmt: skip
     args = parser.parse_args()
+    if args.steady:
+        steady_results = [
+            steady(n, args.rounds, min(k, n)) for n in args.nodes for k in args.per_cycle
+        ]
+        print(json.dumps({"steady": steady_results}, indent=None if args.json else 1))
+        return
     results = [measure(n, args.runs, args.samples) for n in args.nodes]
     if args.json:
         print(json.dumps({"results": results}))

@@ -188,6 +188,11 @@ class ResyncRequest(
     reason: str = "reconnect"  # ResyncReason; a plain string so new reasons still decode
     spread_s: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_RESYNC_SPREAD_S)] = 0.0
     requested_at: float
+    # Scoped (sharded takeover, docs/scaling.md): only agents whose node is in one of
+    # `partitions` of `partition_count` (proto.subjects.partition_of) answer; 0: every agent.
+    # Agents that predate these fields ignore them and answer, as for a broadcast.
+    partition_count: Annotated[int, msgspec.Meta(ge=0)] = 0
+    partitions: tuple[int, ...] = ()
 
 
 # The verdict of `nicfleet-agent verify` (docs/verify.md): rdma-path only when every piece
@@ -354,3 +359,4 @@ class ShardSummary(
     nodes: int = 0
     votes: tuple[ShardVote, ...] = ()
     sent_at: float
+    api_url: str = ""  # the replica's HTTP API, for forwarding node requests to their holder

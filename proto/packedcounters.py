@@ -6,6 +6,7 @@ code uses; unpacking builds each dict with C-level zips, once per distinct key l
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Final, TypeVar
 
@@ -20,6 +21,7 @@ GROUPS: Final = ("counters", "counters_ext", "hw_counters")
 
 Index = Annotated[int, msgspec.Meta(ge=0)]
 _T = TypeVar("_T", int, float)
+_intern = sys.intern
 
 
 class PackedLayout(Base, frozen=True, kw_only=True, array_like=True):
@@ -152,7 +154,7 @@ def _resolve(names: tuple[str, ...], layouts: Sequence[PackedLayout]) -> list[_K
     """Each layout's key names (C-level maps, no loop per key); PackError names the field."""
     split = [key.partition("/") for key in names]
     group_of = [part[0] for part in split].__getitem__
-    bare = [part[2] for part in split].__getitem__
+    bare = [_intern(part[2]) for part in split].__getitem__
     full = names.__getitem__
     resolved: list[_Keys] = []
     try:
@@ -201,7 +203,8 @@ def _check_refs(refs: tuple[int, ...], size: int, path: str) -> None:
 
 def unpack(packed: PackedCounterBatch) -> CounterBatch:
     """The CounterBatch that `packed` stands for; PackError when an index is off."""
-    names = packed.names
+    # Interned: a node holds its last full batch for long, and all nodes share the names.
+    names = tuple(map(_intern, packed.names))
     layouts = _resolve(names, packed.layouts)
     ports = []
     # The loop below is the whole decode cost of a batch: C-level zips, nothing per key.
@@ -211,14 +214,14 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
             counters, ext, hw, rates = layouts[p.layout]
             ports.append(
                 new_port(
-                    device=p.device,
+                    device=_intern(p.device),
                     port=p.port,
                     counters=_zipped(counters, p.counter_values),
                     counters_ext=_zipped(ext, p.counters_ext_values),
                     hw_counters=_zipped(hw, p.hw_counters_values),
                     rx_bytes=p.rx_bytes,
                     tx_bytes=p.tx_bytes,
-                    rates=_zipped(rates, p.rate_values),
+                    rates=_zipped(rates, _shared_rates(p.rate_values)),
                     saturated=tuple(map(get, p.saturated)) if p.saturated else (),
                     resets=tuple(map(get, p.resets)) if p.resets else (),
                     removed=tuple(map(get, p.removed)) if p.removed else (),
@@ -236,6 +239,16 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
         errors=packed.errors,
         base_seq=packed.base_seq,
     )
+
+
+# Whole-number rates arrive as ints and decode as new floats; most are 0 (idle counters).
+_FLOATS: Final[dict[float, float]] = {float(n): float(n) for n in range(256)}
+
+
+def _shared_rates(values: tuple[float, ...]) -> tuple[float, ...]:
+    """`values` with whole numbers 0-255 as shared float objects (C-level map, no loop
+    in Python): a held batch keeps one object per distinct value, not one per counter."""
+    return tuple(map(_FLOATS.get, values, values)) if values else values
 
 
 def _zipped(keys: tuple[str, ...], values: tuple[_T, ...]) -> dict[str, _T]:

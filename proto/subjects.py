@@ -42,6 +42,14 @@ def partition_subject(partition: int | str, token: str = "*", kind: str = "*") -
     return f"{PREFIX}.part.{partition}.node.{token}.{kind}"
 
 
+def partition_of(token: str, partitions: int) -> int:
+    """The partition nats-server's `{{partition(P,1)}}` gives a node token: FNV-1a 32 mod P."""
+    h = 2166136261
+    for byte in token.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h % partitions
+
+
 def shard_summary_subject(replica: str) -> str:
     """`nicfleet.v1.shard.<replica>.summary`; the replica id must be one subject token."""
     if not replica or any(c in replica for c in ".*> \t"):

@@ -26,8 +26,8 @@ from aggregator.alerts.lifecycle import (
     LifecycleSettings,
     RuleTiming,
     Step,
+    Stepper,
     Tracked,
-    step,
 )
 from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore
@@ -71,6 +71,12 @@ class NoClusterEvents:
 @dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     tick_s: float = 1.0  # re-evaluate at least this often (for durations, staleness)
+    # A change re-evaluates at once, but no sooner than this after the previous cycle:
+    # under load (thousands of messages/s) changes coalesce into at most 1/min_cycle_s
+    # cycles/s instead of one per message, each paying its fixed O(fleet) costs. Adds at
+    # most this to event→alert latency (target p99 < 1 s; a cycle itself takes well under
+    # 0.1 s), nothing to an isolated change. 0: one cycle per wake-up.
+    min_cycle_s: float = 0.1
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     event_queue: int = 256
     # After a start, alerts of nodes without a fresh snapshot are not resolved for this
@@ -127,6 +133,7 @@ class AlertEngine:
         self._timings = timings
         self._clock = clock
         self.states: dict[str, Tracked] = {}
+        self._stepper = Stepper()  # `step`, advancing only what changed or is due
         self.findings: tuple[Finding, ...] = ()
         self.evaluated_at: float | None = None
         self._started_at: float | None = None
@@ -155,6 +162,7 @@ class AlertEngine:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         self._started_at = self._clock()
+        last = time.monotonic()
         await self.cycle("start")
         next_tick = time.monotonic() + self.settings.tick_s
         while not stop.is_set():
@@ -162,9 +170,19 @@ class AlertEngine:
             changed = await _first(stop, self._changes, timeout)
             if stop.is_set():
                 break
+            hold = last + self.settings.min_cycle_s - time.monotonic()
+            if changed and hold > 0:
+                # Coalesce: what changes meanwhile is evaluated by this very cycle (rules
+                # read the live fleet), so its notifications are taken along.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), hold)
+                if stop.is_set():
+                    break
+                await self._changes.wait(0)
             ticked = time.monotonic() >= next_tick
             if ticked:
                 next_tick = time.monotonic() + self.settings.tick_s
+            last = time.monotonic()
             await self.cycle("change" if changed else "tick")
 
     async def cycle(self, trigger: str) -> Step | None:
@@ -207,7 +225,7 @@ class AlertEngine:
         lifecycle = self.settings.lifecycle
         if self._timings is not None:
             lifecycle = replace(lifecycle, timings=self._timings(policies))
-        result = step(self.states, findings, now, lifecycle, held=self._held(now))
+        result = self._stepper.step(self.states, findings, now, lifecycle, held=self._held(now))
         old = self.states
         self.states = result.states
         self.metrics.firing.set(sum(1 for s in result.states.values() if s.phase == "firing"))

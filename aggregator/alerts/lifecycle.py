@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -111,17 +111,85 @@ def step(
     Alerts on `held` nodes (not heard from since a restart) keep their state while their
     finding is absent: absence of evidence from stale data is not a resolve.
     """
+    present = _by_key(findings, lambda f: fingerprint(f.rule, f.node, f.subject))
+    return _advance(states, present, sorted(set(states) | set(present)), {}, now, settings, held)
+
+
+class Stepper:
+    """`step`, called cycle after cycle with the states it returned last: same result,
+    but only the fingerprints whose finding changed (another object) or whose state may
+    move with time are advanced; a firing alert whose finding is the very same object as
+    last time stays as it is (which `step` would also find). Other states (a load):
+    everything is advanced."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple[Finding, str]] = {}  # id -> (the finding, fingerprint)
+        self._last: tuple[Mapping[str, Tracked], dict[str, Finding]] | None = None
+
+    def step(
+        self,
+        states: Mapping[str, Tracked],
+        findings: Iterable[Finding],
+        now: float,
+        settings: LifecycleSettings,
+        *,
+        held: frozenset[str] = frozenset(),
+    ) -> Step:
+        known, keys = self._keys, {}
+
+        def key_of(f: Finding) -> str:
+            hit = known.get(id(f))
+            key = hit[1] if hit is not None and hit[0] is f else fingerprint(
+                f.rule, f.node, f.subject
+            )  # fmt: skip
+            keys[id(f)] = (f, key)
+            return key
+
+        present = _by_key(findings, key_of)
+        self._keys = keys  # holds the findings, so that their ids are not reused
+        last = self._last
+        if last is None or last[0] is not states:
+            todo: Iterable[str] = sorted(set(states) | set(present))
+            result: dict[str, Tracked] = {}
+        else:
+            before = last[1]
+            todo = [
+                k for k, f in present.items()
+                if before.get(k) is not f or (old := states.get(k)) is None
+                or old.phase != "firing"
+            ]  # fmt: skip
+            todo.extend(states.keys() - present.keys())
+            result = dict(states)
+        done = _advance(states, present, todo, result, now, settings, held)
+        self._last = (done.states, present)
+        return done
+
+
+def _by_key(findings: Iterable[Finding], key_of: Callable[[Finding], str]) -> dict[str, Finding]:
+    """The finding per fingerprint; of several, the most severe (the first of equals)."""
     present: dict[str, Finding] = {}
     for finding in findings:
-        key = fingerprint(finding.rule, finding.node, finding.subject)
+        key = key_of(finding)
         other = present.get(key)
         if other is None or _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[other.severity]:
             present[key] = finding
-    result: dict[str, Tracked] = {}
+    return present
+
+
+def _advance(
+    states: Mapping[str, Tracked],
+    present: Mapping[str, Finding],
+    todo: Iterable[str],
+    result: dict[str, Tracked],
+    now: float,
+    settings: LifecycleSettings,
+    held: frozenset[str],
+) -> Step:
+    """Advance the states of `todo` into `result` (which holds the others already)."""
     transitions: list[Alert] = []
     changed: set[str] = set()
     removed: set[str] = set()
-    for key in sorted(set(states) | set(present)):
+    for key in todo:
         old = states.get(key)
         current = present.get(key)
         new: Tracked | None
@@ -138,6 +206,7 @@ def step(
             transitions.append(emitted)
         if new is None:
             removed.add(key)
+            result.pop(key, None)
             continue
         result[key] = new
         if new != old:

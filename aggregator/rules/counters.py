@@ -24,12 +24,19 @@ Fleet = Mapping[str, NodeRecord]
 
 
 _FAMILIES: Final = tuple(COUNTER_FAMILIES.items())
+# The counter/rate keys (rate-key spelling) each rule reads of a port, besides its
+# device/port: aggregator.rules.incremental reuses a node's findings over a counter delta
+# that changed none of them.
+COUNTER_ERRORS_KEYS: Final = frozenset(k for keys in COUNTER_FAMILIES.values() for k in keys)
+RETRIES_EXCEEDED_KEYS: Final = frozenset(RETRY_COUNTERS)
+CC_MISCONFIGURED_KEYS: Final = frozenset({CNP_IGNORED, "hw_counters/rp_cnp_handled"})
 
 
 def _batches(fleet: Fleet) -> list[tuple[str, PortCounters]]:
     result: list[tuple[str, PortCounters]] = []
-    for node in sorted(fleet):
-        batch = fleet[node].counters
+    # Findings are sorted by the caller: the fleet's order is fine (no per-call sort).
+    for node, record in fleet.items():
+        batch = record.counters
         if batch is not None:
             result.extend((node, pc) for pc in batch.ports)
     return result

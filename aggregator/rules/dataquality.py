@@ -15,13 +15,14 @@ from typing import Final
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
 from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, FLAP_COUNTERS, RETRY_COUNTERS
+from aggregator.rules.counterbase import base_of
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import ports, subject
-from aggregator.rules.nodememo import NodeMemo
+from aggregator.rules.nodememo import LIMIT, NodeMemo
 from aggregator.rules.thresholds import Thresholds
 from aggregator.rules.versions import parse_version
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch
+from proto.messages import CounterBatch, PortCounters
 from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]
@@ -48,7 +49,7 @@ def check_data_quality(
             for key, found_there in known:
                 problems.setdefault(key, []).extend(found_there)
         if record.counters is not None:
-            _counter_problems(node, record.counters, problems)
+            _counter_problems(node, record, record.counters, problems)
     found: list[Finding] = []
     for (node, where), listed in sorted(problems.items()):
         shown = "; ".join(listed[:MAX_LISTED]) + (
@@ -126,28 +127,106 @@ def _snapshot_problems(
             problems.setdefault((node, subject(device, port)), []).extend(where)
 
 
+# Per port of a counter batch: its bad rates and negative counters, each sorted by key.
+PortBad = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, int], ...]]
+# A node's delta base: (base seq, keys not covered, per port the problems of the others).
+_BASES: Final[dict[str, tuple[int, frozenset[str], tuple[PortBad, ...]]]] = {}
+
+
+def _port_bad(pc: PortCounters) -> PortBad:
+    isfinite = math.isfinite
+    rates: tuple[tuple[str, float], ...] = ()
+    if not all(isfinite(rate) and rate >= 0 for rate in pc.rates.values()):
+        rates = tuple((k, r) for k, r in sorted(pc.rates.items()) if not isfinite(r) or r < 0)
+    negative: tuple[tuple[str, int], ...] = ()
+    if pc.counters and min(pc.counters.values()) < 0:
+        negative = tuple((k, v) for k, v in sorted(pc.counters.items()) if v < 0)
+    return rates, negative
+
+
+def _port_bad_over(pc: PortCounters, known: PortBad, keys: frozenset[str]) -> PortBad:
+    """`_port_bad(pc)` from `known` (the problems outside `keys`) and `pc`'s `keys`."""
+    rate_keys, counter_keys = _split(keys)
+    isfinite, rates, counters = math.isfinite, pc.rates, pc.counters
+    bad = [(k, r) for k in rate_keys
+           if (r := rates.get(k)) is not None and (not isfinite(r) or r < 0)]  # fmt: skip
+    negative = [(n, v) for k, n in counter_keys if (v := counters.get(n)) is not None and v < 0]
+    if not known[0] and not known[1]:  # the usual case: a base without problems
+        return (tuple(bad), tuple(negative)) if bad or negative else _NO_PROBLEMS
+    bad.extend((k, r) for k, r in known[0] if k not in keys)
+    negative.extend((k, v) for k, v in known[1] if f"counters/{k}" not in keys)
+    return tuple(sorted(bad)), tuple(sorted(negative))
+
+
+_NO_PROBLEMS: Final[PortBad] = ((), ())
+_SPLITS: Final[dict[frozenset[str], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]] = {}
+
+
+def _split(keys: frozenset[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Delta keys (shared sets: one entry per layout), sorted; and the counters' names."""
+    found = _SPLITS.get(keys)
+    if found is None:
+        ordered = tuple(sorted(keys))
+        found = ordered, tuple((k, k[9:]) for k in ordered if k.startswith("counters/"))
+        if len(_SPLITS) >= 4096:
+            _SPLITS.clear()
+        _SPLITS[keys] = found
+    return found
+
+
+def _ports_bad(node: str, record: NodeRecord, batch: CounterBatch) -> tuple[PortBad, ...]:
+    """Every port's problems; over a delta, only its keys are read when the base's
+    problems are known (the others have the base's values)."""
+    merged = base_of(record)
+    if merged is None:
+        found = tuple(map(_port_bad, batch.ports))
+        if record.counters_delta == frozenset() and record.counters_base_seq == batch.seq:
+            _remember(node, (batch.seq, frozenset(), found))  # a full batch: a delta base
+        return found
+    seq, delta = merged
+    known = _BASES.get(node)
+    if known is None or known[0] != seq or len(known[2]) != len(batch.ports):
+        found = tuple(map(_port_bad, batch.ports))
+        _remember(node, (seq, delta, tuple(_outside(bad, delta) for bad in found)))
+        return found
+    keys = delta
+    return tuple(
+        _port_bad_over(pc, bad, keys) for pc, bad in zip(batch.ports, known[2], strict=True)
+    )
+
+
+def _outside(bad: PortBad, keys: frozenset[str]) -> PortBad:
+    return (
+        tuple((k, r) for k, r in bad[0] if k not in keys),
+        tuple((k, v) for k, v in bad[1] if f"counters/{k}" not in keys),
+    )
+
+
+def _remember(node: str, entry: tuple[int, frozenset[str], tuple[PortBad, ...]]) -> None:
+    if len(_BASES) >= LIMIT and node not in _BASES:
+        _BASES.clear()
+    _BASES[node] = entry
+
+
 def _counter_problems(
-    node: str, batch: CounterBatch, problems: dict[tuple[str, str], list[str]]
+    node: str,
+    record: NodeRecord,
+    batch: CounterBatch,
+    problems: dict[tuple[str, str], list[str]],
 ) -> None:
     if batch.errors:
         problems.setdefault((node, "counters"), []).extend(
             f"{e.path}: {e.error}" for e in batch.errors
         )
-    isfinite = math.isfinite
-    for pc in batch.ports:
-        listed: list[str] = []
-        if not all(isfinite(rate) and rate >= 0 for rate in pc.rates.values()):
-            for key, rate in sorted(pc.rates.items()):
-                if not isfinite(rate) or rate < 0:
-                    listed.append(f"rate of {key} is {rate}")
+    for pc, (bad_rates, negative) in zip(batch.ports, _ports_bad(node, record, batch),
+                                         strict=True):  # fmt: skip
+        listed = [f"rate of {key} is {rate}" for key, rate in bad_rates]
         if pc.saturated:
             listed.extend(f"{k} saturated (clear it: perfquery -x -R)" for k in pc.saturated
                           if k in WATCHED)  # fmt: skip
         if pc.resets:
             listed.extend(f"{k} went backwards (reset), no rate this round" for k in pc.resets
                           if k in WATCHED)  # fmt: skip
-        if pc.counters and min(pc.counters.values()) < 0:
-            listed.extend(f"counters/{k} is negative ({v})"
-                          for k, v in sorted(pc.counters.items()) if v < 0)  # fmt: skip
+        listed.extend(f"counters/{k} is negative ({v})" for k, v in negative)
         if listed:
             problems.setdefault((node, f"{pc.device}/{pc.port}"), []).extend(listed)

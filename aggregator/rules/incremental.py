@@ -1,6 +1,7 @@
 """Incremental rule evaluation: exactly `registry.evaluate`'s findings, recomputed only for
 nodes whose record changed (records are immutable: changed = another object) and by the
-rules reading a changed field (`READS`), for peers whose group facts moved
+rules reading a changed field (`READS`; counter rules only when a delta changed a key
+they read, `COUNTER_KEYS`), for peers whose group facts moved
 (aggregator.rules.peers), and for time rules' due nodes.
 
 Pure: `now` is passed in. New policies, cluster labels or thresholds start over
@@ -14,6 +15,7 @@ from typing import Final, cast
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
+from aggregator.rules.counterbase import same_counter_inputs
 from aggregator.rules.duetimes import DueNodes
 from aggregator.rules.finding import Finding
 from aggregator.rules.peers import Peer, PeerRule
@@ -21,6 +23,7 @@ from aggregator.rules.peertally import PeerTally
 from aggregator.rules.registry import (
     ALL_RULES,
     CHECKS,
+    COUNTER_KEYS,
     NODE_RULES,
     PEER_RULES,
     READS,
@@ -128,18 +131,26 @@ class IncrementalRules:
             fields = dict.fromkeys(fleet, _ALL_FIELDS)
         else:
             fields = self._changed_fields(fleet)
-        for name in fields:
+        previous: dict[str, NodeRecord] = {}  # of nodes whose counters alone moved
+        for name, moved in fields.items():
             record = fleet.get(name)
             if record is None:
                 self._selecting.pop(name, None)
-            else:
-                self._records[name] = record
+                continue
+            if moved is not _ALL_FIELDS and "counters" in moved and name in self._records:
+                previous[name] = self._records[name]
+            self._records[name] = record
         if len(self._records) != len(fleet) or self._misaligned:
             self._records = dict(fleet)  # same nodes in the same order again
 
         def touching(rule: str) -> set[str]:  # the changed nodes whose input to `rule` moved
             reads = READS[rule]
-            return {n for n, moved in fields.items() if moved is _ALL_FIELDS or moved & reads}
+            names = {n for n, moved in fields.items() if moved is _ALL_FIELDS or moved & reads}
+            keys = COUNTER_KEYS.get(rule)
+            if keys is not None and previous:  # a counter delta that left `keys` as they were
+                names -= {n for n, old in previous.items()
+                          if same_counter_inputs(old, fleet[n], keys)}  # fmt: skip
+            return names
 
         for rule in NODE_RULES:
             if rule in enabled and rule not in TIME_RULES:

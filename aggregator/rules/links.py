@@ -295,6 +295,10 @@ def check_mtu_mismatch(
     return run(MTU_MISMATCH, fleet, policies, cluster)
 
 
+# The counter/rate keys link-flap reads of a port (the rates and, as evidence, the counters).
+LINK_FLAP_KEYS: Final = frozenset(FLAP_COUNTERS)
+
+
 def check_link_flap(
     fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
     thresholds: Thresholds,

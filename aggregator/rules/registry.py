@@ -95,6 +95,17 @@ assert sorted((*NODE_RULES, *FLEET_RULES)) == sorted(RULE_IDS), "unclassified ru
 assert READS.keys() == set(RULE_IDS), "a rule without READS"
 assert all(READS[r] <= set(NodeRecord.__struct_fields__) for r in RULE_IDS), "unknown field"
 assert set(TIME_RULES) <= set(NODE_RULES), "a time rule must be node-local"
+# Rules reading only these counter/rate keys of a node's counter batch (rate-key spelling,
+# declared next to each rule): a delta that changed none of them leaves their findings.
+COUNTER_KEYS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {
+        "counter-errors": counters.COUNTER_ERRORS_KEYS,
+        "retries-exceeded": counters.RETRIES_EXCEEDED_KEYS,
+        "cc-misconfigured": counters.CC_MISCONFIGURED_KEYS,
+        "link-flap": links.LINK_FLAP_KEYS,
+    }
+)
+assert all(READS[r] == _COUNTERS for r in COUNTER_KEYS), "a counter rule reading more"
 CHECKS: Final[Mapping[str, Check]] = MappingProxyType(dict(ALL_RULES))
 
 

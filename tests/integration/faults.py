@@ -25,6 +25,7 @@ from nats.js.api import StreamConfig
 from agent.inventory import collect_snapshot
 from agent.sysfs import Sysfs
 from proto.codec import decode
+from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
 from proto.messages import Alert
 from tests.conftest import REPO
@@ -71,8 +72,9 @@ def comparable(snapshot: NodeSnapshot) -> dict[str, Any]:
 
 
 def read_tree(root: Path, node: str) -> dict[str, Any]:
-    """What the agent sees in its tree right now."""
-    return comparable(collect_snapshot(Sysfs(root), node=node, seq=0, now=0.0, agent_version=""))
+    """What the agent sees in its tree right now, as the aggregator stores it (no counters)."""
+    snap = collect_snapshot(Sysfs(root), node=node, seq=0, now=0.0, agent_version="")
+    return comparable(inventory_only(snap))
 
 
 class AggregatorProcess:

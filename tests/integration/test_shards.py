@@ -1,11 +1,13 @@
 """Sharded aggregators on a 3-server NATS cluster (docs/scaling.md): nats-server's
 partition mapping agrees with `aggregator.shards.partition_of` and is applied after the
 publish permission check; 3 replicas hold every node exactly once and find what one
-process finds; a replica that dies is taken over and no finding is lost."""
+process finds; a replica that dies is taken over: no finding is lost, its nodes' alerts
+stay firing exactly once, and the leader's desired config still reaches its nodes."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+import yaml
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -24,10 +27,13 @@ from aggregator.natsauth import Identity, Role, render_mappings_config, render_s
 from aggregator.natskeys import new_user_seed, public_key
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from aggregator.rules.registry import evaluate
+from aggregator.shardroutes import SERVED_BY
 from aggregator.shards import partition_of
 from proto import subjects
-from proto.codec import encode
+from proto.codec import decode, encode
 from proto.inventory import NodeSnapshot
+from proto.messages import Alert, DesiredConfig
+from proto.policy import Policy, load_policies
 from tests.conftest import wait_until
 from tests.integration.faults import AggregatorProcess
 from tests.integration.jscluster import js_cluster
@@ -46,12 +52,30 @@ def lab_snapshot(name: str) -> NodeSnapshot:
     return node(name, adapter(fw=fw), collected_at=time.time(), seq=1)
 
 
-def expected_findings() -> Fingerprints:
+def policy_doc(hca_max: int) -> dict[str, object]:
+    """Desired config for every node, no expectations (no findings of its own)."""
+    return {
+        "apiVersion": "nicfleet.io/v1alpha1", "kind": "NicFleetPolicy",
+        "metadata": {"name": "shared"},
+        "spec": {"rdmaSharedDevicePlugin": {"configList": [
+            {"resourceName": "roce", "rdmaHcaMax": hca_max,
+             "selectors": {"linkTypes": ["ether"]}}]}},
+    }  # fmt: skip
+
+
+def write_policy(path: Path, hca_max: int) -> tuple[Policy, ...]:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(policy_doc(hca_max)))
+    tmp.replace(path)
+    return load_policies(path.read_text(), source=str(path))
+
+
+def expected_findings(policies: tuple[Policy, ...] = ()) -> Fingerprints:
     """What one process over every node finds (agent-stale depends on the clock)."""
     fleet = Fleet()
     for name in NODES:
         fleet.apply_snapshot(lab_snapshot(name), time.time())
-    found = evaluate(fleet.view(), (), NO_CLUSTER, time.time())
+    found = evaluate(fleet.view(), policies, NO_CLUSTER, time.time())
     return {f.fingerprint for f in found if f.rule != "agent-stale"}
 
 
@@ -163,10 +187,27 @@ async def jetstream_ready(url: str) -> None:
 class ShardReplica(AggregatorProcess):
     """`nicfleet-aggregator run --partitions` as a child process; `kill()` is SIGKILL."""
 
-    def __init__(self, nats_url: str, work: Path, name: str, partitions: int = PARTS) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        work: Path,
+        name: str,
+        partitions: int = PARTS,
+        policy: Path | None = None,
+    ) -> None:
         super().__init__(nats_url, work, name)
         self.name = name
         self._args += ["--partitions", str(partitions), "--identity", name]
+        if policy is not None:
+            self._args += ["--policy", str(policy)]
+
+    async def firing(self) -> list[dict[str, Any]] | None:
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                reply = await client.get(f"{self.api_url}/api/v1/alerts?status=firing")
+        except httpx.HTTPError:
+            return None
+        return list(reply.json()["items"]) if reply.status_code == 200 else None
 
     async def view(self) -> dict[str, Any] | None:
         try:
@@ -179,11 +220,13 @@ class ShardReplica(AggregatorProcess):
 
 @contextmanager
 def replica_processes(
-    urls: list[str], work: Path, partitions: int = PARTS
+    urls: list[str], work: Path, partitions: int = PARTS, policy: Path | None = None
 ) -> Iterator[list[ShardReplica]]:
     started = [
-        ShardReplica(url, work, f"r{i}", partitions).start() for i, url in enumerate(urls, 1)
+        ShardReplica(url, work, f"r{i}", partitions, policy) for i, url in enumerate(urls, 1)
     ]
+    for replica in started:
+        replica.start()
     try:
         yield started
     finally:
@@ -242,23 +285,115 @@ class Fleetwide:
         }
 
 
+class AlertLog:
+    """Every alert transition published on NATS (`nicfleet.v1.alert.>`), by fingerprint."""
+
+    def __init__(self) -> None:
+        self.firings: Counter[tuple[str, str, str]] = Counter()
+        self.resolved: Counter[tuple[str, str, str]] = Counter()
+
+    async def got(self, msg: Msg) -> None:
+        alert = decode(msg.data, Alert)
+        key = (alert.rule, alert.node, alert.subject)
+        (self.firings if alert.state == "firing" else self.resolved)[key] += 1
+
+
+async def answers_for_every_node(asked: ShardReplica, fleet: Fleetwide) -> None:
+    """One replica answers for every node: its own, and the others' forwarded to their
+    holder (named in `X-Nicfleet-Served-By`); an unknown node is still a 404."""
+    holders = {n: v["replica"] for v in fleet.views for n in v["node_names"]}
+    async with httpx.AsyncClient(timeout=10, base_url=asked.api_url) as client:
+        for name in NODES:
+            reply = await client.get(f"/api/v1/nodes/{name}")
+            assert reply.status_code == 200, (name, reply.text, [v.get("api_urls") for v in fleet.views], dict(reply.headers))
+            assert reply.json()["summary"]["name"] == name
+            assert reply.headers[SERVED_BY] == holders[name], name
+        assert (await client.get("/api/v1/nodes/gpu-999")).status_code == 404
+        assert (await client.get("/api/v1/nodes/Bad_Name")).status_code == 400
+
+
+async def firing_everywhere(replicas: list[ShardReplica]) -> Counter[tuple[str, str, str]] | None:
+    """(rule, node, subject) -> on how many replicas it is firing (None: one did not answer)."""
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for replica in replicas:
+        items = await replica.firing()
+        if items is None:
+            return None
+        seen.update((a["rule"], a["node"], a["subject"]) for a in items)
+    return seen
+
+
+async def desired_hca_max(nc: NatsClient, node: str) -> int | None:
+    kv = await nc.jetstream().key_value(subjects.KV_CONFIG)
+    try:
+        entry = await kv.get(subjects.node_token(node))
+    except (NatsError, TimeoutError):
+        return None
+    if entry.value is None:
+        return None
+    config = decode(entry.value, DesiredConfig)
+    return config.device_plugin.config_list[0].rdma_hca_max
+
+
 @pytest.mark.slow
 async def test_three_replicas_share_the_fleet_and_survive_a_sigkill(tmp_path: Path) -> None:
     config = tmp_path / "mappings.conf"
     config.write_text(render_mappings_config(PARTS))
-    expected = expected_findings()
+    policy = tmp_path / "policy.yaml"
+    expected = expected_findings(write_policy(policy, 4))
     assert ("fw-skew", ODD, "mlx5_0") in expected
     with js_cluster(tmp_path, config=config, name="shards") as servers:
         urls = [s.url for s in servers.values()]
         await jetstream_ready(urls[0])  # else a replica's first KV call may fail: it exits
-        with replica_processes(urls, tmp_path) as replicas:
-            await run_and_kill(urls, replicas, expected)
+        watcher = await nats.connect(urls[0])
+        alerts = AlertLog()
+        await watcher.subscribe(subjects.ALERT_WILDCARD, cb=alerts.got)
+        try:
+            with replica_processes(urls, tmp_path, policy=policy) as replicas:
+                victim_nodes = await run_and_kill(urls, replicas, expected, alerts)
+                survivors = [r for r in replicas if r.proc and r.proc.poll() is None]
+                await check_writes_after_kill(watcher, survivors, victim_nodes, alerts, policy)
+        finally:
+            await watcher.close()
+
+
+async def check_writes_after_kill(
+    nc: NatsClient,
+    survivors: list[ShardReplica],
+    victim_nodes: list[str],
+    alerts: AlertLog,
+    policy: Path,
+) -> None:
+    """The killed replica's alerts are firing once (on one survivor, never re-sent) and a
+    policy change still reaches its nodes' desired config (written by the leader)."""
+    odd = ("fw-skew", ODD, "mlx5_0")
+
+    async def alerts_kept() -> bool:
+        seen = await firing_everywhere(survivors)
+        return seen is not None and seen[odd] == 1 and max(seen.values()) == 1
+
+    await wait_until(alerts_kept, timeout=30, interval=0.5,
+                     what="the killed replica's alerts firing on exactly one survivor")  # fmt: skip
+    stable = {k for k in alerts.firings if k[1] in victim_nodes and k[0] != "agent-stale"}
+    assert odd in stable
+    assert all(alerts.firings[k] == 1 for k in stable), alerts.firings
+    assert not any(alerts.resolved[k] for k in stable), alerts.resolved
+
+    write_policy(policy, 8)
+    node = victim_nodes[0]
+
+    async def reached() -> bool:
+        return await desired_hca_max(nc, node) == 8
+
+    await wait_until(reached, timeout=45, interval=0.5,
+                     what=f"new desired config for {node} of the killed shard")  # fmt: skip
 
 
 async def run_and_kill(
-    urls: list[str], replicas: list[ShardReplica], expected: Fingerprints
-) -> None:
-    """Start sharing, check it, SIGKILL one replica, check the takeover."""
+    urls: list[str], replicas: list[ShardReplica], expected: Fingerprints, alerts: AlertLog
+) -> list[str]:
+    """Start sharing, check it, SIGKILL one replica, check the takeover; the killed
+    replica's nodes."""
     await wait_until(lambda: all(r.is_ready() for r in replicas), timeout=60, interval=0.2,
                      what="3 replicas ready")  # fmt: skip
     fleet = Fleetwide(replicas)
@@ -275,12 +410,28 @@ async def run_and_kill(
         await wait_until(shared, timeout=30, interval=0.2,
                          what="each node held once, findings equal one process's")  # fmt: skip
         assert all(len(v["node_names"]) < len(NODES) for v in fleet.views)  # really shared
+        await answers_for_every_node(replicas[0], fleet)
+        dbg = await nats.connect(urls[0])
+        kvn = await dbg.jetstream().key_value(subjects.KV_NODES)
+        print("DBG KV nodes before kill", len(await kvn.keys()), time.time())
+        for r in replicas:
+            async with httpx.AsyncClient(timeout=5) as c:
+                m = (await c.get(f"{r.api_url}/metrics")).text
+            print("DBG", r.name, [l for l in m.splitlines() if "kv_write" in l and not l.startswith("#")])
+        await wait_until(lambda: True)
+        import asyncio
+        await asyncio.sleep(2)
+        print("DBG KV nodes before kill +2s", len(await kvn.keys()), time.time())
 
         # SIGKILL the replica holding the odd node (whose fw-skew finding needs the
         # other replicas' votes): the survivors take its partitions over.
-        victim = next(
-            r for r, v in zip(replicas, fleet.views, strict=True) if ODD in v["node_names"]
+        victim, victim_nodes = next(
+            (r, list(v["node_names"]))
+            for r, v in zip(replicas, fleet.views, strict=True)
+            if ODD in v["node_names"]
         )
+        await wait_until(lambda: alerts.firings[("fw-skew", ODD, "mlx5_0")] == 1, timeout=30,
+                         what="the odd node's alert fired (by its holder)")  # fmt: skip
         victim.kill()
         survivors = Fleetwide([r for r in replicas if r is not victim])
 
@@ -295,3 +446,6 @@ async def run_and_kill(
         await wait_until(taken_over, timeout=15, interval=0.2,
                          what="survivors hold every node, no finding lost")  # fmt: skip
         assert sum(v["takeovers"] for v in survivors.views) > 0
+        print("DBG KV nodes after", sorted(await kvn.keys()), time.time())
+        await dbg.close()
+    return victim_nodes

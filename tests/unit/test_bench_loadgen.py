@@ -10,17 +10,31 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from loadgen import NodeShape, build_templates, node_name, spread_port_downs  # noqa: E402
+import msgspec  # noqa: E402
+import pytest  # noqa: E402
+from loadgen import (  # noqa: E402
+    BUSY,
+    CounterStream,
+    NodeShape,
+    Spliced,
+    Templates,
+    build_templates,
+    node_name,
+    spread_port_downs,
+)
 from scale_probes import summarize_profile  # noqa: E402
 
-from proto import subjects  # noqa: E402
+from proto import codec, subjects  # noqa: E402
 from proto.codec import decode  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch  # noqa: E402
+from proto.messages import CounterBatch, LinkEvent  # noqa: E402
+from proto.packedcounters import pack  # noqa: E402
+
+_TEMPLATES = build_templates(NodeShape())
 
 
 def test_templates_are_real_agent_messages() -> None:
-    tpl = build_templates(NodeShape())
+    tpl = _TEMPLATES
     snap = decode(tpl.snapshot, NodeSnapshot)
     batch = decode(tpl.counters, CounterBatch)
     assert sum(len(d.ports) for d in snap.devices) == 16
@@ -65,3 +79,58 @@ def test_profile_summary_counts_self_and_inclusive(tmp_path: Path) -> None:
     assert inclusive["handle (aggregator/ingest.py)"] == 75.0
     assert inclusive["cycle (alerts/engine.py)"] == 25.0
     assert not any("asyncio/" in name for name in inclusive)
+
+
+def _slow_path(tpl: Templates, encoding: str, base_seq: int | None) -> bytes:
+    """What the generator sent before splicing: replace fields of the whole Struct, encode."""
+    full = decode(tpl.counters, CounterBatch)
+    if base_seq is not None:
+        template: msgspec.Struct = decode(tpl.delta, CounterBatch)
+        encode_ = codec.encode_map
+    elif encoding == "packed":
+        template, encode_ = pack(full), codec.encode
+    else:
+        template, encode_ = full, codec.encode_map
+    return encode_(
+        msgspec.structs.replace(
+            template,
+            node="sim-00042",
+            seq=77,
+            collected_at=1_790_000_000.25,
+            interval_s=1.0,
+            base_seq=base_seq,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("encoding", "base_seq"),
+    [("packed", None), ("map", None), ("packed", 61), ("map", 61)],
+    ids=["full-packed", "full-map", "delta-packed-run", "delta-map-run"],
+)
+def test_spliced_messages_equal_the_slow_path(encoding: str, base_seq: int | None) -> None:
+    tpl = _TEMPLATES
+    stream = CounterStream(tpl, encoding)
+    spliced = stream.message("sim-00042", 77, 1_790_000_000.25, 1.0, base_seq)
+    slow = _slow_path(tpl, encoding, base_seq)
+    assert decode(spliced, CounterBatch) == decode(slow, CounterBatch)
+    assert spliced == slow  # byte for byte: the aggregator sees exactly the same wire
+    got = decode(spliced, CounterBatch)
+    assert (got.node, got.seq, got.collected_at, got.base_seq) == (
+        "sim-00042",
+        77,
+        1_790_000_000.25,
+        base_seq,
+    )
+    assert (spliced[0] in range(0x90, 0xA0)) == (encoding == "packed" and base_seq is None)
+
+
+def test_a_delta_carries_busy_ports_only_as_changes() -> None:
+    delta = decode(CounterStream(_TEMPLATES, "packed").message("n", 3, 5.0, 1.0, 2), CounterBatch)
+    assert delta.base_seq == 2 and len(delta.ports) == 16
+    assert all(set(p.counters) <= set(BUSY) for p in delta.ports)
+
+
+def test_splicing_needs_every_varying_field() -> None:
+    with pytest.raises(ValueError, match="lacks"):
+        Spliced(LinkEvent(node="n", seq=1, kind="port-state", observed_at=1.0))

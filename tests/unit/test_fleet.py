@@ -14,6 +14,7 @@ from aggregator.fleet import (
     node_state,
     summarize,
 )
+from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
 from proto.messages import DevicePluginStatus, LinkEvent, ResourceStatus
 from tests.builders import T0, counters, device, port, port_event, snapshot
@@ -63,21 +64,23 @@ def test_snapshot_apply_order(order: list[tuple[int, float]], kept_seq: int, ign
     assert fleet.ignored == ignored
 
 
-def test_accepted_snapshot_is_returned_identically_and_rejected_one_is_not() -> None:
+def test_accepted_snapshot_is_stored_as_its_inventory_and_rejected_one_is_not() -> None:
+    # The contract: the stored object is `inventory_only(snap)` (a new object, equal to
+    # `snap` but for per-port counters); a rejected snapshot leaves that object in place.
     fleet = Fleet()
     first = snapshot(seq=2, collected_at=T0)
-    assert fleet.apply_snapshot(first, T0).snapshot is first
+    stored = fleet.apply_snapshot(first, T0).snapshot
+    assert stored == inventory_only(first)
     stale = snapshot(seq=1, collected_at=T0 - 1)
     record = fleet.apply_snapshot(stale, T0 + 5)
-    assert record.snapshot is first
+    assert record.snapshot is stored
     assert record.last_seen == T0  # an ignored message is no sign of life
     assert record.snapshot_received_at == T0
 
 
 def test_counters_follow_the_same_rule_and_keep_the_snapshot() -> None:
     fleet = Fleet()
-    snap = snapshot()
-    fleet.apply_snapshot(snap, T0)
+    snap = fleet.apply_snapshot(snapshot(), T0).snapshot
     fleet.apply_counters(counters(seq=10, collected_at=T0 + 10, rx=100), T0 + 10)
     fleet.apply_counters(counters(seq=9, collected_at=T0 + 9, rx=90), T0 + 11)
     fleet.apply_counters(counters(seq=1, collected_at=T0 + 20, rx=5), T0 + 20)  # restart
@@ -144,8 +147,7 @@ def test_port_event_touches_only_its_port_and_updates_state_code() -> None:
 
 def test_event_for_unknown_port_keeps_snapshot_object() -> None:
     fleet = Fleet()
-    snap = snapshot()
-    fleet.apply_snapshot(snap, T0)
+    snap = fleet.apply_snapshot(snapshot(), T0).snapshot
     record = fleet.apply_event(port_event(device="mlx5_9"), T0 + 1)
     assert record.snapshot is snap
 

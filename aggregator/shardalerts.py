@@ -1,0 +1,190 @@
+"""The alert lifecycle of a sharded replica (docs/scaling.md, "Writes"): each replica runs it
+for the nodes of the partitions it holds, and the leader also for fleet-level findings.
+An alert key is persisted only by its owner; when the owned scope changes, the engine
+pauses one cycle and reloads the whole scope from KV `nicfleet-alerts`, so a taken-over
+node's firing alerts continue (not re-sent) and a released node's are left to its holder.
+Until a taken-over node is heard from again (or `grace_s`), its firing alerts are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from nats.aio.client import Client as NatsClient
+from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry
+
+from aggregator.alerts.alertmanager import AlertmanagerSink
+from aggregator.alerts.delivery import Broker
+from aggregator.alerts.engine import AlertEngine, EventSink, Timings
+from aggregator.alerts.lifecycle import FLEET_NODE, Tracked
+from aggregator.alerts.metrics import AlertMetrics
+from aggregator.alerts.setup import AlertWiring
+from aggregator.alerts.store import AlertStore
+from aggregator.changes import Subscription
+from aggregator.cluster import ClusterView
+from aggregator.fleet import Fleet
+from aggregator.rules.finding import Finding
+from aggregator.store import open_bucket
+from proto import subjects
+from proto.messages import Alert
+from proto.policy import Policy
+
+Scope = tuple[frozenset[int], bool]  # (partitions held, leading)
+SyncEvaluate = Callable[[Fleet, tuple[Policy, ...], ClusterView, float], Sequence[Finding]]
+
+
+class AlertScope:
+    """Which alert keys this replica owns: nodes of the held partitions, plus fleet-level
+    ones (`_fleet`) while it leads. Pure apart from the two callables it reads."""
+
+    def __init__(
+        self,
+        partitions: int,
+        held: Callable[[], frozenset[int]],
+        leading: Callable[[], bool],
+        *,
+        clock: Callable[[], float],
+        grace_s: float = 30.0,
+    ) -> None:
+        self._count, self._held, self._leading = partitions, held, leading
+        self._clock, self._grace_s = clock, grace_s
+        self._loaded: Scope | None = None  # the scope the engine's states were loaded for
+        self._taken_at: dict[int | None, float] = {}  # partition (None: leadership) -> since
+        self.states: Callable[[], Mapping[str, Tracked]] = dict  # the engine's, once wired
+        self.reloads = 0
+
+    def current(self) -> Scope:
+        return self._held(), self._leading()
+
+    def owns(self, node: str | None, scope: Scope | None = None) -> bool:
+        held, leading = scope if scope is not None else self.current()
+        if node is None or node == FLEET_NODE:
+            return leading
+        try:
+            token = subjects.node_token(node)
+        except ValueError:
+            return leading  # not a node name: fleet-level
+        return subjects.partition_of(token, self._count) in held
+
+    def engine_may_step(self) -> bool:
+        """The engine's `is_leader`: False for one cycle after the scope changed, so the
+        next cycle reloads the states of the new scope (AlertEngine does it on takeover)."""
+        now = self.current()
+        if now != self._loaded:
+            before = self._loaded or (frozenset(), False)
+            at = self._clock()
+            for partition in now[0] - before[0]:
+                self._taken_at[partition] = at
+            if now[1] and not before[1]:
+                self._taken_at[None] = at
+            self._loaded = now
+            self.reloads += 1
+            return False
+        return True
+
+    def _in_grace(self, node: str, fleet: Fleet, now: float) -> bool:
+        """A taken-over node not heard from since (snapshot and counters), within grace."""
+        if node == FLEET_NODE:
+            taken = self._taken_at.get(None)
+            return taken is not None and now - taken < self._grace_s
+        taken = self._taken_at.get(subjects.partition_of(subjects.node_token(node), self._count))
+        if taken is None or now - taken >= self._grace_s:
+            return False
+        record = fleet.get(node)
+        fresh = (
+            record is not None
+            and (record.snapshot_received_at or 0.0) >= taken
+            and (record.counters_received_at or 0.0) >= taken
+        )
+        return not fresh
+
+    def evaluate(self, inner: SyncEvaluate) -> SyncEvaluate:
+        """`inner` with the findings this replica does not own left out."""
+
+        def evaluate(
+            fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+        ) -> Sequence[Finding]:
+            scope = self.current()
+            found = [f for f in inner(fleet, policies, cluster, now) if self.owns(f.node, scope)]
+            seen = {(f.rule, f.node or FLEET_NODE, f.subject) for f in found}
+            for state in self.states().values():
+                a = state.alert
+                if state.phase != "firing" or (a.rule, a.node, a.subject) in seen:
+                    continue
+                if self.owns(a.node, scope) and self._in_grace(a.node, fleet, now):
+                    found.append(_kept(a))  # not heard from since the takeover: keep firing
+            return found
+
+        return evaluate
+
+
+def _kept(alert: Alert) -> Finding:
+    node = None if alert.node == FLEET_NODE else alert.node
+    return Finding(
+        rule=alert.rule,
+        severity=alert.severity,
+        node=node,
+        subject=alert.subject,
+        message=alert.message,
+        evidence=dict(alert.evidence),
+    )
+
+
+class ScopedAlertStore(AlertStore):
+    """`AlertStore` whose `load` returns only the states this replica owns."""
+
+    def __init__(self, kv: KeyValue, scope: AlertScope) -> None:
+        super().__init__(kv)
+        self._scope = scope
+
+    async def load(self) -> dict[str, Tracked]:
+        states = await super().load()
+        return {k: s for k, s in states.items() if self._scope.owns(s.alert.node)}
+
+
+async def open_sharded_alert_engine(
+    *,
+    nc: NatsClient,
+    fleet: Fleet,
+    changes: Subscription,
+    policies: Callable[[], tuple[Policy, ...]],
+    cluster: Callable[[], ClusterView],
+    registry: CollectorRegistry,
+    clock: Callable[[], float],
+    wiring: AlertWiring,
+    evaluate: SyncEvaluate,
+    timings: Timings | None,
+    scope: AlertScope,
+    events: EventSink | None = None,
+) -> AlertEngine:
+    """`open_alert_engine`'s wiring with the scoped store and evaluation (no state is
+    loaded here: the first cycle pauses, the second loads the scope)."""
+    kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
+    metrics = AlertMetrics.create(registry)
+    broker = Broker(first_id=int(clock() * 1000), on_drop=metrics.stream_dropped.inc)
+    engine: AlertEngine
+    sink = None
+    if wiring.alertmanager is not None:  # re-sends this replica's firing alerts only
+        sink = AlertmanagerSink(
+            wiring.alertmanager, firing=lambda: engine.firing(), metrics=metrics, clock=clock
+        )
+    engine = AlertEngine(
+        fleet=fleet,
+        changes=changes,
+        evaluate=scope.evaluate(evaluate),
+        policies=policies,
+        cluster=cluster,
+        is_leader=scope.engine_may_step,
+        settings=wiring.engine,
+        metrics=metrics,
+        broker=broker,
+        nc=nc,
+        store=ScopedAlertStore(kv, scope),
+        alertmanager=sink,
+        events=events,
+        timings=timings,
+        clock=clock,
+    )
+    scope.states = lambda: engine.states
+    return engine

@@ -1,0 +1,108 @@
+"""The whole fleet as the sharded leader plans it (docs/scaling.md, "Writes"): its own
+nodes as ingested, every other node from KV `nicfleet-nodes` (each replica persists its
+own nodes' snapshots there), followed by a KV watch while this replica leads. Only the
+leader fills it; the reconciler may write once it is `synced` (never from a partial fleet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JetStreamError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from aggregator.fleet import Fleet, NodeRecord
+from aggregator.store import StoredNode
+from proto.codec import CodecError, decode
+
+log = logging.getLogger(__name__)
+
+
+class WholeFleet(Fleet):
+    """A `Fleet` whose `view()` is the whole fleet. Nodes held elsewhere count as seen
+    now: their holders judge staleness (agent-stale), the KV copy is refreshed only when
+    a snapshot changes."""
+
+    def __init__(self, own: Fleet, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self._own, self._clock = own, clock
+        self.synced = False  # the KV pass reached the bucket's last sequence
+
+    def view(self) -> Mapping[str, NodeRecord]:
+        if not len(self):
+            return self._own.view()
+        now = self._clock()
+        merged = {
+            name: msgspec.structs.replace(record, last_seen=max(record.last_seen, now))
+            for name, record in super().view().items()
+        }
+        merged.update(self._own.view())
+        return MappingProxyType(merged)
+
+    def clear(self) -> None:
+        for name in self.names():
+            self.forget(name)
+        self.synced = False
+
+    async def run(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
+        """While `leading` is set: follow the nodes bucket; when it clears, forget it all."""
+        while not stop.is_set():
+            await _either(stop, leading)
+            if stop.is_set():
+                return
+            try:
+                await self._follow(stop, leading, kv)
+            except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
+                log.warning("following KV nodes for the leader failed: %s; retrying", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+            finally:
+                self.clear()
+
+    async def _follow(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
+        last = (await kv.status()).stream_info.state.last_seq or 0
+        watcher = await kv.watchall()
+        self.synced = last == 0
+        try:
+            while leading.is_set() and not stop.is_set():
+                try:
+                    entry = await watcher.updates(timeout=1.0)  # type: ignore[no-untyped-call]
+                except (TimeoutError, NatsError):
+                    continue
+                if entry is None:
+                    continue  # end of initial values: the sequence decides (aggregator.store)
+                self._apply(entry.key, entry.value, entry.operation)
+                if not self.synced and entry.revision is not None and entry.revision >= last:
+                    self.synced = True
+                    log.info("leader holds the whole fleet from KV (%d nodes)", len(self))
+        finally:
+            with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _apply(self, key: str, value: bytes | None, operation: str | None) -> None:
+        if operation in (KV_DEL, KV_PURGE) or not value:
+            self.forget(key)
+            return
+        try:
+            stored = decode(value, StoredNode)
+        except CodecError as exc:
+            log.warning("skipping undecodable KV node %s: %s", key, exc)
+            return
+        self.forget(stored.snapshot.node)  # the KV copy replaces, never merges
+        self.apply_snapshot(stored.snapshot, stored.received_at)
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

@@ -1,0 +1,298 @@
+"""Sharded writes and fleet answers (docs/scaling.md): which replica owns which alert key,
+the engine's reload on a scope change, the takeover grace, scoped resync requests (agent
+filter and aggregator merge), node forwarding and the sharded OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import msgspec
+import nats
+import pytest
+import schemathesis
+from aiohttp.test_utils import make_mocked_request
+
+from agent.control import ResyncControl
+from agent.resync import ResyncPolicy
+from aggregator import __version__
+from aggregator.alerts.lifecycle import FLEET_NODE, Tracked
+from aggregator.cluster import NO_CLUSTER, ClusterView
+from aggregator.fleet import Fleet
+from aggregator.natsserver import NatsServer
+from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
+from aggregator.resync import ResyncRequester, ResyncSettings
+from aggregator.rules.finding import Finding
+from aggregator.shardalerts import AlertScope, ScopedAlertStore
+from aggregator.shardfleet import WholeFleet
+from aggregator.shardroutes import node_of
+from aggregator.store import StoredNode
+from proto import subjects
+from proto.codec import decode, encode
+from proto.messages import Alert, ResyncRequest
+from proto.policy import Policy
+from tests.builders import snapshot
+from tests.conftest import wait_until
+
+P = 12
+NODES = [f"gpu-{i:03d}" for i in range(48)]
+
+
+def part(node: str) -> int:
+    return subjects.partition_of(subjects.node_token(node), P)
+
+
+class Now:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def scope_with(held: set[int], leading: bool, clock: Now | None = None) -> AlertScope:
+    return AlertScope(
+        P, held=lambda: frozenset(held), leading=lambda: leading, clock=clock or Now()
+    )
+
+
+def finding(node: str | None, rule: str = "fw-skew") -> Finding:
+    return Finding(rule=rule, severity="warning", node=node, subject="mlx5_0", message="m")
+
+
+def firing(node: str, rule: str = "port-down") -> Tracked:
+    alert = Alert(rule=rule, severity="critical", state="firing", node=node, subject="mlx5_0/1",
+                  message="down", starts_at=1.0, fingerprint=f"{rule}-{node}")  # fmt: skip
+    return Tracked(phase="firing", alert=alert)
+
+
+def test_every_alert_key_has_exactly_one_owner_among_the_replicas() -> None:
+    held = [{p for p in range(P) if p % 3 == r} for r in range(3)]
+    scopes = [scope_with(h, leading=(r == 1)) for r, h in enumerate(held)]
+    for node in [*NODES, FLEET_NODE, None]:
+        assert sum(s.owns(node) for s in scopes) == 1, node
+    assert scopes[1].owns(None) and scopes[1].owns(FLEET_NODE)
+    assert scopes[0].owns("Not_A_Node") is False  # not a node name: fleet-level (leader)
+    assert scopes[1].owns("Not_A_Node") is True
+
+
+def test_findings_are_filtered_to_the_owned_keys() -> None:
+    held = {part("gpu-001")}
+    scope = scope_with(held, leading=False)
+
+    def inner(
+        fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
+    ) -> Sequence[Finding]:
+        return [finding("gpu-001"), finding(None, "selector-matches-nothing"),
+                *(finding(n) for n in NODES if part(n) not in held)]  # fmt: skip
+
+    found = scope.evaluate(inner)(Fleet(), (), NO_CLUSTER, 0.0)
+    assert [f.node for f in found] == ["gpu-001"]
+
+
+def test_a_scope_change_pauses_the_engine_once_so_it_reloads() -> None:
+    held, leading = {1, 2}, [False]
+    scope = AlertScope(P, held=lambda: frozenset(held), leading=lambda: leading[0], clock=Now())
+    assert scope.engine_may_step() is False  # first cycle: load the scope
+    assert scope.engine_may_step() is True
+    assert scope.engine_may_step() is True
+    held.add(3)  # a takeover
+    assert scope.engine_may_step() is False
+    assert scope.engine_may_step() is True
+    leading[0] = True  # became the leader: fleet-level keys are now ours
+    assert scope.engine_may_step() is False
+    assert scope.engine_may_step() is True
+    assert scope.reloads == 3
+
+
+def test_taken_over_alerts_stay_firing_until_the_node_is_heard_from() -> None:
+    clock = Now()
+    node = "gpu-005"
+    held: set[int] = set()
+    scope = AlertScope(P, held=lambda: frozenset(held), leading=lambda: False, clock=clock,
+                       grace_s=30.0)  # fmt: skip
+    scope.engine_may_step()
+    held.add(part(node))
+    clock.t = 2000.0
+    assert scope.engine_may_step() is False  # taken over at 2000
+    states = {"k": firing(node), "other": firing("gpu-999")}  # gpu-999: not ours
+    scope.states = lambda: states
+    fleet = Fleet()
+    evaluate = scope.evaluate(lambda *_: ())
+    kept = evaluate(fleet, (), NO_CLUSTER, 2001.0)
+    assert [(f.rule, f.node, f.subject) for f in kept] == [("port-down", node, "mlx5_0/1")]
+    fleet.apply_snapshot(snapshot(node), 2002.0)  # snapshot only: counters still missing
+    assert len(evaluate(fleet, (), NO_CLUSTER, 2003.0)) == 1
+    assert evaluate(fleet, (), NO_CLUSTER, 2031.0) == []  # grace over: the finding decides
+
+
+def test_agent_answers_only_a_scoped_request_for_its_partition() -> None:
+    node = "gpu-007"
+    mine, other = part(node), (part(node) + 1) % P
+    control = ResyncControl(ResyncPolicy(jitter_s=0.0), node=node, monotonic=Now(),
+                            draw=lambda: 0.0)  # fmt: skip
+
+    def scoped(*parts: int) -> bytes:
+        return encode(ResyncRequest(reason="shard-takeover", requested_at=1.0,
+                                    partition_count=P, partitions=parts))  # fmt: skip
+
+    control.handle(scoped(other))
+    assert not control.pending and control.stats.other_partitions == 1
+    control.handle(scoped(other, mine))
+    assert control.pending
+
+
+def test_old_agents_and_broadcasts_still_resync() -> None:
+    # An agent without a node (or predating the fields) answers a scoped request too.
+    control = ResyncControl(ResyncPolicy(jitter_s=0.0), monotonic=Now(), draw=lambda: 0.0)
+    control.handle(encode(ResyncRequest(reason="shard-takeover", requested_at=1.0,
+                                        partition_count=P, partitions=(0,))))  # fmt: skip
+    assert control.pending
+    # A request of the old shape (no partition fields) reaches every agent.
+    old = msgspec.msgpack.encode(
+        {"schema": "nicfleet.v1.ResyncRequest", "version": 1, "reason": "start",
+         "spread_s": 0.0, "requested_at": 1.0}
+    )  # fmt: skip
+    agent = ResyncControl(ResyncPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
+                          draw=lambda: 0.0)  # fmt: skip
+    agent.handle(old)
+    assert agent.pending
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param({"partition_count": -1}, id="negative-count"),
+        pytest.param({"partitions": "0,1"}, id="partitions-not-a-list"),
+        pytest.param({"partitions": ["a"]}, id="partition-not-an-int"),
+    ],
+)
+def test_bad_scoped_requests_are_rejected_and_the_agent_keeps_serving(
+    payload: dict[str, object],
+) -> None:
+    control = ResyncControl(ResyncPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
+                            draw=lambda: 0.0)  # fmt: skip
+    bad = {"schema": "nicfleet.v1.ResyncRequest", "requested_at": 1.0, **payload}
+    control.handle(msgspec.msgpack.encode(bad))
+    assert control.stats.rejected == 1 and not control.pending
+    control.handle(encode(ResyncRequest(reason="start", requested_at=1.0)))
+    assert control.pending
+
+
+async def test_takeover_requests_are_merged_and_a_broadcast_wins(nats_server: NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    got: list[ResyncRequest] = []
+
+    async def on(msg: nats.aio.msg.Msg) -> None:
+        got.append(decode(msg.data, ResyncRequest))
+
+    await nc.subscribe(subjects.CONTROL_RESYNC, cb=on)
+    await nc.flush()
+    requester = ResyncRequester(nc, ResyncSettings(min_gap_s=0.05), nodes=lambda: 10,
+                                clock=lambda: 1.0)  # fmt: skip
+    stop = asyncio.Event()
+    try:
+        requester.request_partitions({3}, P)
+        requester.request_partitions({5, 3}, P)  # merged into the pending one
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(requester.run(stop))
+            await wait_until(lambda: len(got) == 1, timeout=5, what="scoped request")
+            assert (got[0].partition_count, got[0].partitions) == (P, (3, 5))
+            assert got[0].reason == "shard-takeover"
+            requester.request_partitions({1}, P)
+            requester.request("reconnect")  # a broadcast covers the scoped one
+            await wait_until(lambda: len(got) == 2, timeout=5, what="broadcast")
+            assert (got[1].partition_count, got[1].partitions) == (0, ())
+            stop.set()
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "node"),
+    [
+        ("GET", "/api/v1/nodes/gpu-001", "gpu-001"),
+        ("GET", "/api/v1/nodes/gpu-001/extra", None),
+        ("GET", "/api/v1/nodes", None),
+        ("GET", "/api/v1/trace?node=gpu-002&resource=rdma/ib", "gpu-002"),
+        ("GET", "/api/v1/resources?node=gpu-003", "gpu-003"),
+        ("GET", "/api/v1/resources", None),
+        ("POST", "/api/v1/nodes/gpu-001", None),
+        ("GET", "/api/v1/findings?node=gpu-001", None),
+    ],
+)
+def test_which_requests_are_forwarded_to_the_holder(
+    method: str, path: str, node: str | None
+) -> None:
+    assert node_of(make_mocked_request(method, path)) == node
+
+
+def test_sharded_openapi_document_lists_shards_and_the_forwarding_error() -> None:
+    routes = {("GET", p) for p in OPERATIONS}
+    plain = openapi_document(routes, version=__version__, secured=False)
+    sharded = openapi_document(routes | {("GET", SHARD_PATH)}, version=__version__,
+                               secured=False)  # fmt: skip
+    assert SHARD_PATH not in plain["paths"]
+    assert "502" not in plain["paths"]["/api/v1/nodes/{node}"]["get"]["responses"]
+    for path in ("/api/v1/nodes/{node}", "/api/v1/trace", "/api/v1/resources"):
+        assert "502" in sharded["paths"][path]["get"]["responses"], path
+    schemathesis.openapi.from_dict(sharded).validate()
+    assert {k: v for k, v in sharded["paths"].items() if k != SHARD_PATH} != plain["paths"]
+
+
+async def test_scoped_store_loads_only_the_owned_alert_states(nats_server: NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket="shard-writes-alerts", history=1)
+        states = {s.alert.fingerprint: s for s in (firing(n) for n in NODES[:8])}
+        fleet_alert = firing(FLEET_NODE, "selector-matches-nothing")
+        states[fleet_alert.alert.fingerprint] = fleet_alert
+        for key, state in states.items():
+            await kv.put(key, encode(state))
+        await kv.put("junk", b"\xc1")  # skipped, not fatal
+        held = {part(n) for n in NODES[:3]}
+        follower = ScopedAlertStore(kv, scope_with(held, leading=False))
+        leader = ScopedAlertStore(kv, scope_with(set(range(P)) - held, leading=True))
+        mine, theirs = await follower.load(), await leader.load()
+        assert not mine.keys() & theirs.keys()
+        assert mine.keys() | theirs.keys() == states.keys()
+        assert fleet_alert.alert.fingerprint in theirs
+    finally:
+        await nc.close()
+
+
+async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    stop, leading = asyncio.Event(), asyncio.Event()
+    own = Fleet()
+    own.apply_snapshot(snapshot("gpu-001"), 5.0)
+    clock = Now()
+    whole = WholeFleet(own, clock)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket="shard-writes-nodes", history=1)
+        for name in ("gpu-001", "gpu-002", "gpu-003"):
+            stored = StoredNode(snapshot=snapshot(name), received_at=1.0)
+            await kv.put(subjects.node_token(name), encode(stored))
+        await kv.put("gpu-bad", b"\xc1")  # undecodable: skipped
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(whole.run(stop, leading, kv))
+            assert list(whole.view()) == ["gpu-001"] and not whole.synced  # a follower
+            leading.set()
+            await wait_until(lambda: whole.synced, timeout=10, what="KV read to the end")
+            view = whole.view()
+            assert sorted(view) == ["gpu-001", "gpu-002", "gpu-003"]
+            assert view["gpu-001"] is own.get("gpu-001")  # own nodes as ingested
+            assert view["gpu-002"].last_seen == clock.t  # others: judged by their holder
+            await kv.put("gpu-004", encode(StoredNode(snapshot=snapshot("gpu-004"),
+                                                      received_at=2.0)))  # fmt: skip
+            await kv.delete("gpu-003")
+            await wait_until(lambda: sorted(whole.view()) == ["gpu-001", "gpu-002", "gpu-004"],
+                             timeout=10, what="watch applies puts and deletes")  # fmt: skip
+            leading.clear()  # no longer the leader: forget the others
+            await wait_until(lambda: not whole.synced and list(whole.view()) == ["gpu-001"],
+                             timeout=10, what="released on losing the lease")  # fmt: skip
+            stop.set()
+    finally:
+        await nc.close()
