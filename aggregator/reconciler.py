@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -43,6 +43,9 @@ _QUIET_KINDS = frozenset({"counters"})
 class ReconcileSettings:
     stale_after: float = 30.0
     tick: float = 5.0  # re-plan at least this often (staleness, missed changes)
+    # Fleet changes re-plan at most this often; a policy change re-plans at once. 10,000
+    # status messages after a fan-out otherwise re-planned 10,000 nodes back to back.
+    settle: float = 0.5
 
 
 class NodePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +104,7 @@ class Reconciler:
         self._known: set[str] = set()
         self._latest = ReconcileReport(at=0.0, leader=False, policy_version=0)
         self.rounds = 0
+        self._round_started = 0.0  # time.monotonic() of the last round's start
         self.updated = asyncio.Event()  # set after every reconcile (tests, benchmarks)
 
     def latest(self) -> ReconcileReport:
@@ -116,12 +120,15 @@ class Reconciler:
 
     async def _wait(self, stop: asyncio.Event) -> None:
         deadline = time.monotonic() + self.settings.tick
+        due = False  # a fleet change waits for `settle` to pass; the feed is not read meanwhile
         while not stop.is_set():
-            waits = {
+            waits: set[asyncio.Future[Any]] = {
                 asyncio.ensure_future(stop.wait()),
                 asyncio.ensure_future(self._policies.changed.wait()),
-                feed := asyncio.ensure_future(self._changes.wait(self.settings.tick)),
             }
+            feed = None if due else asyncio.ensure_future(self._changes.wait(self.settings.tick))
+            if feed is not None:
+                waits.add(feed)
             try:
                 remaining = max(0.0, deadline - time.monotonic())
                 await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
@@ -131,13 +138,18 @@ class Reconciler:
                 await asyncio.gather(*waits, return_exceptions=True)
             if self._policies.changed.is_set() or time.monotonic() >= deadline:
                 return
-            if feed.done() and not feed.cancelled() and feed.exception() is None:
-                nodes, kinds = feed.result()
-                if kinds - _QUIET_KINDS or nodes - self._known:
+            if feed is None or not feed.done() or feed.cancelled() or feed.exception():
+                continue
+            nodes, kinds = feed.result()
+            if kinds - _QUIET_KINDS or nodes - self._known:
+                due = True
+                deadline = min(deadline, self._round_started + self.settings.settle)
+                if time.monotonic() >= deadline:
                     return
 
     async def reconcile_once(self) -> ReconcileReport:
         started = time.perf_counter()
+        self._round_started = time.monotonic()
         kv_errors = 0
         self._policies.refresh()
         self._policies.changed.clear()

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,8 @@ class AggregatorService:
         self.validations: ValidationRunner | None = None  # set once NATS is up (run)
         self.resync: ResyncRequester | None = None  # set once node messages are subscribed
         self.shard: ShardOwner | None = None  # sharded: this replica's partitions (run)
+        # Sharded: every finding this replica computed (its alerts: only the owned ones).
+        self._computed: Callable[[], Sequence[Finding]] = self._findings
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
         self.metrics.watch_fleet(
@@ -293,18 +295,22 @@ class AggregatorService:
             )
             shard = self.shard
             if shard is not None and self._rules is None:  # each replica: its own nodes
+                scope = AlertScope(
+                    self.settings.shards.partitions,
+                    held=lambda: shard.held,
+                    leading=lambda: leader.is_leader,
+                    clock=self.clock,
+                    grace_s=self.settings.alerts.engine.startup_grace_s,
+                )
                 self.alerts = await open_sharded_alert_engine(
                     nc=nc, fleet=self.fleet, changes=self.changes.subscribe(),
                     policies=lambda: policy_source.current().policies, cluster=cluster,
                     registry=self.metrics.registry, clock=self.clock,
                     wiring=self.settings.alerts, evaluate=shard.rules.evaluate,
-                    timings=shard.rules.timings,
-                    scope=AlertScope(self.settings.shards.partitions,
-                                     held=lambda: shard.held, leading=lambda: leader.is_leader,
-                                     clock=self.clock,
-                                     grace_s=self.settings.alerts.engine.startup_grace_s),
+                    timings=shard.rules.timings, scope=scope,
                     events=NodeEvents(kube) if kube is not None else None,
                 )  # fmt: skip
+                self._computed = lambda: scope.computed
             else:
                 self.alerts = await open_alert_engine(
                     nc=nc,
@@ -342,7 +348,7 @@ class AggregatorService:
                 if self.shard is not None:
                     tasks.create_task(self.shard.run(stop))
                 if whole is not None:
-                    tasks.create_task(whole.run(stop, leader.leading, kv))
+                    tasks.create_task(whole.run(stop, leader.leading, kv, nc))
                 tasks.create_task(policy_source.run(stop))
                 tasks.create_task(leader.run(stop))
                 if self.watcher is not None:
@@ -463,7 +469,7 @@ class AggregatorService:
             add_validation_routes(app, runner=self.validations, fleet=self.fleet, cluster=cluster)
         add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
         if self.shard is not None:  # sharded: who holds what, forwarding (docs/scaling.md)
-            add_shard_routes(app, self.shard, self.fleet, self._findings)
+            add_shard_routes(app, self.shard, self.fleet, self._computed)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)

@@ -52,6 +52,9 @@ class AlertScope:
         self._loaded: Scope | None = None  # the scope the engine's states were loaded for
         self._taken_at: dict[int | None, float] = {}  # partition (None: leadership) -> since
         self.states: Callable[[], Mapping[str, Tracked]] = dict  # the engine's, once wired
+        # Everything the last evaluation found, owned or not (`/api/v1/shards`): fleet-level
+        # findings are computed by every replica alike, only the leader alerts on them.
+        self.computed: tuple[Finding, ...] = ()
         self.reloads = 0
 
     def current(self) -> Scope:
@@ -106,7 +109,8 @@ class AlertScope:
             fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
         ) -> Sequence[Finding]:
             scope = self.current()
-            found = [f for f in inner(fleet, policies, cluster, now) if self.owns(f.node, scope)]
+            self.computed = tuple(inner(fleet, policies, cluster, now))
+            found = [f for f in self.computed if self.owns(f.node, scope)]
             seen = {(f.rule, f.node or FLEET_NODE, f.subject) for f in found}
             for state in self.states().values():
                 a = state.alert

@@ -1,7 +1,7 @@
 """The whole fleet as the sharded leader plans it (docs/scaling.md, "Writes"): its own
-nodes as ingested, every other node from KV `nicfleet-nodes` (each replica persists its
-own nodes' snapshots there), followed by a KV watch while this replica leads. Only the
-leader fills it; the reconciler may write once it is `synced` (never from a partial fleet).
+nodes as ingested; every other node from KV `nicfleet-nodes` (each replica persists its
+own nodes' snapshots there) and a KV watch, plus every partition's device-plugin status
+messages, while this replica leads. The reconciler may write once it is `synced`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,19 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import msgspec
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from aggregator.fleet import Fleet, NodeRecord
+from aggregator.ingest import Ingest
+from aggregator.metrics import Metrics
+from aggregator.shardowner import node_subject_of
 from aggregator.store import StoredNode
 from proto.codec import CodecError, decode
+from proto.subjects import STATUS, partition_subject
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +56,17 @@ class WholeFleet(Fleet):
             self.forget(name)
         self.synced = False
 
-    async def run(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
-        """While `leading` is set: follow the nodes bucket; when it clears, forget it all."""
+    async def run(
+        self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, nc: NatsClient
+    ) -> None:
+        """While `leading` is set: follow the nodes bucket and the device-plugin status of
+        every partition; when it clears, forget it all."""
         while not stop.is_set():
             await _either(stop, leading)
             if stop.is_set():
                 return
             try:
-                await self._follow(stop, leading, kv)
+                await self._follow(stop, leading, kv, nc)
             except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
                 log.warning("following KV nodes for the leader failed: %s; retrying", exc)
                 with contextlib.suppress(TimeoutError):
@@ -65,7 +74,25 @@ class WholeFleet(Fleet):
             finally:
                 self.clear()
 
-    async def _follow(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
+    async def _follow(
+        self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, nc: NatsClient
+    ) -> None:
+        # Policy status needs each node's device-plugin status, which KV does not keep:
+        # the agents send it on change, on resync and every inventory interval.
+        ingest = Ingest(fleet=self, metrics=Metrics.create(), clock=self._clock,
+                        on_snapshot=lambda _snap, _at: None)  # fmt: skip
+
+        async def on_status(msg: Msg) -> None:
+            ingest.handle(node_subject_of(msg.subject), msg.data)
+
+        status = await nc.subscribe(partition_subject("*", "*", STATUS), cb=on_status)
+        try:
+            await self._watch(stop, leading, kv)
+        finally:
+            with contextlib.suppress(TimeoutError, NatsError, OSError):
+                await status.unsubscribe()
+
+    async def _watch(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
         last = (await kv.status()).stream_info.state.last_seq or 0
         watcher = await kv.watchall()
         self.synced = last == 0
@@ -94,8 +121,7 @@ class WholeFleet(Fleet):
         except CodecError as exc:
             log.warning("skipping undecodable KV node %s: %s", key, exc)
             return
-        self.forget(stored.snapshot.node)  # the KV copy replaces, never merges
-        self.apply_snapshot(stored.snapshot, stored.received_at)
+        self.apply_snapshot(stored.snapshot, stored.received_at)  # keeps the status
 
 
 async def _either(first: asyncio.Event, second: asyncio.Event) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 from nats.aio.client import Client as NatsClient
@@ -147,26 +147,41 @@ class ShardOwner:
         await self.tick(first=True)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Heartbeat and re-plan every `heartbeat_s`, in two loops: a takeover's KV load
+        must not delay the heartbeat (peers would take this replica for dead)."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._every(stop, self.beat))
+            tasks.create_task(self._every(stop, self.replan))
+        if self._kv is not None:  # leave at once instead of after ttl
+            with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
+                await self._kv.delete(self.me)
+
+    async def _every(self, stop: asyncio.Event, step: Callable[[], Awaitable[None]]) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.heartbeat_s)
             if stop.is_set():
                 break
             try:
-                await self.tick()
+                await step()
             except (TimeoutError, NatsError, JetStreamError, OSError, AggregatorError) as exc:
                 log.warning("shard heartbeat/plan failed: %s; retrying", exc)
-        if self._kv is not None:  # leave at once instead of after ttl
-            with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
-                await self._kv.delete(self.me)
 
     async def tick(self, *, first: bool = False) -> None:
+        await self.beat()
+        await self.replan(first=first)
+
+    async def beat(self) -> None:
+        """Put this replica's heartbeat (the votes go on the summary subject)."""
         assert self._kv is not None
-        now = self._clock()
         beat = ShardSummary(replica=self.me, partitions=tuple(sorted(self.held)),
-                            nodes=len(self._fleet), sent_at=now,
+                            nodes=len(self._fleet), sent_at=self._clock(),
                             api_url=self._api_url() or "")  # fmt: skip
-        await self._kv.put(self.me, encode(beat))  # the votes go on the summary subject
+        await self._kv.put(self.me, encode(beat))
+
+    async def replan(self, *, first: bool = False) -> None:
+        """Read the heartbeats, hold what the plan gives this replica, send the summary."""
+        now = self._clock()
         self.live = live_replicas(await self._heartbeats(now), now, self._settings.ttl_s)
         mine = plan(self._settings.partitions, self.live | {self.me})
         self.owners = {p: r for r, parts in mine.items() for p in parts}

@@ -18,10 +18,11 @@ from typing import Final
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.errors import Error as JetStreamError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
 from aggregator.errors import StoreError
 from aggregator.metrics import Metrics
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # KV puts awaited together: each is a JetStream publish waiting for its ack.
 WRITES_IN_FLIGHT: Final = 32
+# Entries per pull request when loading (~8 MB of 33 KB snapshots).
+LOAD_BATCH: Final = 256
 
 
 class StoredNode(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.stored-node"):
@@ -124,44 +127,71 @@ async def _open_bucket_once(js: JetStreamContext, name: str) -> KeyValue:
 
 
 async def load_nodes(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[StoredNode]:
-    """Every decodable node in the bucket; undecodable entries are logged and skipped.
+    """Every decodable node in the bucket; undecodable entries are logged and skipped."""
+    async with contextlib.aclosing(read_bucket(kv, timeout=timeout)) as entries:
+        async for key, value in entries:  # closed at once when the caller stops early
+            try:
+                yield decode(value, StoredNode)
+            except CodecError as exc:
+                log.warning("skipping undecodable KV entry %s: %s", key, exc)
 
-    One pass over the bucket's stream (an ordered consumer, last value per key), not a
-    key listing plus one request per key, which took 3× the CPU at 10,000 nodes
-    (bench/aggregator_restart.py). The pass ends at the stream's last sequence as read
-    before it began, not at nats-py's end-of-initial-values marker alone: under load that
-    marker came first, before any entry, and a restart would have loaded nothing.
+
+async def read_bucket(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[tuple[str, bytes]]:
+    """(key, value) of every key of the bucket; StoreError when it cannot be read.
+
+    One pass over the bucket's stream (last value per key) through a pull consumer,
+    LOAD_BATCH entries per request: the reader sets the pace. A push watch of 10,000 nodes
+    (333 MB) outran the decoding on a loaded machine, overflowed the client's pending
+    limit and stalled (slow consumer); a key listing plus one get per key took 3× the CPU.
+    The pass ends at the stream's last sequence as read before it began.
     """
+    # nats-py's KeyValue keeps its JetStream context, stream and subject prefix private.
+    js: JetStreamContext = kv._js
+    stream: str = kv._stream
+    prefix: str = kv._pre
     try:
         state = (await kv.status()).stream_info.state
-        watcher = await kv.watchall()
-    except (TimeoutError, JetStreamError, NatsError) as exc:
-        raise StoreError(f"cannot read KV bucket: {exc}") from exc
-    if not state.messages:
-        with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
-            await watcher.stop()  # type: ignore[no-untyped-call]
-        return
+        if not state.messages:
+            return
+        reader = await js.pull_subscribe(f"{prefix}>", stream=stream, config=_load_consumer())
+    except (TimeoutError, JetStreamError, NatsError, OSError) as exc:
+        raise StoreError(f"cannot read KV bucket {stream[3:]}: {exc!r}") from exc
     last = state.last_seq
     try:
         while True:
             try:
-                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-            except (TimeoutError, NatsError) as exc:
+                batch = await reader.fetch(LOAD_BATCH, timeout=timeout)
+            except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
                 raise StoreError(
-                    f"KV bucket read stalled before sequence {last} ({timeout:g}s)"
+                    f"KV bucket {stream[3:]}: read stalled before sequence {last} ({timeout:g}s)"
                 ) from exc
-            if entry is None:
-                continue  # the end-of-initial-values marker: trust the sequence instead
-            if entry.value and entry.operation not in (KV_DEL, KV_PURGE):
-                try:
-                    yield decode(entry.value, StoredNode)
-                except CodecError as exc:
-                    log.warning("skipping undecodable KV entry %s: %s", entry.key, exc)
-            if entry.revision is not None and entry.revision >= last:
-                return
+            for msg in batch:
+                meta = msg.metadata
+                op = msg.headers.get(KV_OP) if msg.headers else None
+                if msg.data and op not in (KV_DEL, KV_PURGE) and not _is_marker(msg.headers):
+                    yield msg.subject.removeprefix(prefix), msg.data
+                if meta.sequence.stream >= last or meta.num_pending == 0:
+                    return
     finally:
         with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await reader.unsubscribe()
+            await js.delete_consumer(stream, reader._consumer)
+
+
+def _load_consumer() -> ConsumerConfig:
+    """A fresh config each time (nats-py fills in the name and filter of the one given)."""
+    return ConsumerConfig(
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=60.0,  # removed by the server if we die mid-load
+        mem_storage=True,
+        num_replicas=1,
+    )
+
+
+def _is_marker(headers: dict[str, str] | None) -> bool:
+    """A server-placed delete/expiry marker (nats-server 2.11+)."""
+    return bool(headers) and KV_MARKER_REASON in headers  # type: ignore[operator]
 
 
 class SnapshotWriter:

@@ -3,10 +3,12 @@
 A real nats-server; the bucket seeded with N copies of a rendered 12-NIC lab node's snapshot;
 then, per run, `python -m aggregator run` is started and timed until its ready file
 appears (NATS connect, fleet rebuilt from KV, API up), and killed with SIGKILL.
-Variants in the same run, interleaved: `current` (the code as it is) and `legacy` (the same
-process with the KV load of before: key listing + one get per key). Wall and CPU seconds
-(CPU is what a loaded machine does not inflate); also the bare KV load in-process, and a
-py-spy profile of one start. Never a test. Run: .venv/bin/python bench/aggregator_restart.py --json
+Variants in the same run, interleaved: `current` (the code as it is), `legacy` (the same
+process with the KV load of before: key listing + one get per key) and, with `--before DIR`,
+`before` (the aggregator of another source tree, e.g. a `git archive HEAD` copy). Wall and
+CPU seconds (CPU is what a loaded machine does not inflate); also the bare KV load
+in-process, and a py-spy profile of one start. Never a test.
+Run: .venv/bin/python bench/aggregator_restart.py --json
 """
 
 from __future__ import annotations
@@ -120,17 +122,20 @@ def cpu_s(pid: int) -> float:
 
 
 def time_to_ready(
-    argv: list[str], ready: Path, timeout: float = 300.0
+    argv: list[str], ready: Path, timeout: float = 300.0, cwd: Path = REPO
 ) -> tuple[float, float, float]:
     """Seconds until the ready file appears, the process's CPU seconds by then (what a
     loaded machine does not inflate), and seconds until /readyz then answers (any status:
     a first rule evaluation that held the event loop would show here)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    errors = ready.with_suffix(".stderr")
+    with errors.open("wb") as sink:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         while not ready.exists():
             if proc.poll() is not None:
-                raise SystemExit(f"aggregator exited with {proc.returncode}")
+                tail = errors.read_text(errors="replace")[-2000:]
+                raise SystemExit(f"aggregator exited with {proc.returncode}: {tail}")
             if time.perf_counter() - started > timeout:
                 raise SystemExit(f"aggregator not ready within {timeout}s")
             time.sleep(0.005)
@@ -194,7 +199,9 @@ def stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(nodes: int, runs: int, variants: list[str], profile: Path | None) -> dict[str, Any]:
+def measure(
+    nodes: int, runs: int, variants: list[str], profile: Path | None, before: Path | None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="nicfleet-bench-") as tmp:
         work = Path(tmp)
         template = snapshot_template(work)
@@ -207,17 +214,24 @@ def measure(nodes: int, runs: int, variants: list[str], profile: Path | None) ->
             api: dict[str, list[float]] = {v: [] for v in variants}
             cpu: dict[str, list[float]] = {v: [] for v in variants}
             loads: dict[str, list[float]] = {v: [] for v in variants}
+            failed: dict[str, list[str]] = {v: [] for v in variants}
             for run in range(runs):  # interleaved, so load on the machine hits both alike
                 for v in variants:
                     ready = work / f"ready-{v}-{run}"
-                    ready_s, cpu_ready, api_s = time_to_ready(
-                        aggregator_argv(v, server.url, ready), ready
-                    )
+                    tree = before if v == "before" and before is not None else REPO
+                    try:
+                        ready_s, cpu_ready, api_s = time_to_ready(
+                            aggregator_argv(v, server.url, ready), ready, cwd=tree
+                        )
+                    except SystemExit as exc:  # e.g. the load stalled: counted, not fatal
+                        failed[v].append(str(exc)[-300:])
+                        continue
                     times[v].append(ready_s)
                     cpu[v].append(cpu_ready)
                     api[v].append(api_s)
-                    load = legacy_load_nodes if v == "legacy" else load_nodes
-                    loads[v].append(asyncio.run(time_load(server.url, load)))
+                    if v != "before":  # the bare load of this tree (current) or legacy
+                        load = legacy_load_nodes if v == "legacy" else load_nodes
+                        loads[v].append(asyncio.run(time_load(server.url, load)))
             if profile is not None:
                 profile_start(server.url, work, profile)
     summary = summarize_profile(profile) if profile is not None else None
@@ -227,10 +241,11 @@ def measure(nodes: int, runs: int, variants: list[str], profile: Path | None) ->
         "snapshot_bytes": len(template),
         "kv_bytes": kv_bytes,
         "warmup_s": round(warmup, 3),
-        "time_to_ready_s": {v: stats(times[v]) for v in variants},
-        "cpu_to_ready_s": {v: stats(cpu[v]) for v in variants},
-        "api_answers_s": {v: stats(api[v]) for v in variants},
-        "kv_load_cpu_s": {v: stats(loads[v]) for v in variants},
+        "time_to_ready_s": {v: stats(times[v]) for v in variants if times[v]},
+        "cpu_to_ready_s": {v: stats(cpu[v]) for v in variants if cpu[v]},
+        "api_answers_s": {v: stats(api[v]) for v in variants if api[v]},
+        "failed_starts": {v: failed[v] for v in variants if failed[v]},
+        "kv_load_cpu_s": {v: stats(loads[v]) for v in variants if loads[v]},
         **({"profile": summary} if summary else {}),
     }
 
@@ -257,14 +272,22 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="adds variant `before`: the aggregator "
+        "of this source tree (e.g. a `git archive HEAD` copy)",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy raw output of one start (largest N)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     opts = parser.parse_args()
     variants = [v for v in opts.variants.split(",") if v]
+    if opts.before is not None and "before" not in variants:
+        variants.insert(0, "before")
     sizes = []
     for n in opts.nodes:
         profile = opts.profile if n == max(opts.nodes) else None
-        sizes.append(measure(n, opts.runs, variants, profile))
+        sizes.append(measure(n, opts.runs, variants, profile, opts.before))
         print(json.dumps(sizes[-1]), file=sys.stderr)
     result = {
         "benchmark": "aggregator_restart",
@@ -278,6 +301,9 @@ def main() -> None:
         return
     for size in sizes:
         for v in variants:
+            if v not in size["time_to_ready_s"]:
+                print(f"{size['nodes']} nodes, {v}: every start failed")
+                continue
             ready, cpu = size["time_to_ready_s"][v], size["cpu_to_ready_s"][v]
             print(f"{size['nodes']} nodes, {v}: ready in {ready['median']} s "
                   f"({cpu['median']} CPU s), median of {size['runs']}")  # fmt: skip

@@ -1,9 +1,10 @@
 """Benchmark (issue 8): how many nodes one aggregator ingests at 1 Hz, beside the ceiling.
 
-Per node count: a real nats-server on 127.0.0.1, the real aggregator as its own process
-(`python -m aggregator run`), a bare decode-only subscriber process (bench/bare_subscriber.py)
-and bench/loadgen.py. Reports applied msgs/s of both, lag at the start and end of the
-window, event->alert latency, aggregator RSS and CPU. Optional py-spy profile. Never a test.
+Per node count the same bench/loadgen.py load runs twice, each on a fresh nats-server
+(127.0.0.1): with only a bare decode-only subscriber (bench/bare_subscriber.py) attached,
+then with only the real aggregator (`python -m aggregator run`) — each has the machine to
+itself (`--concurrent`: both on one run). Reports applied msgs/s of both and their ratio,
+lag, event->alert latency, RSS and CPU, slow consumers. Optional py-spy. Never a test.
 Run: .venv/bin/python bench/ingest_scale.py --nodes 1000 3000 10000
 """
 
@@ -60,15 +61,21 @@ ALERT_P99_LIMIT_S: Final = 1.0
 GENERATOR_LATE_LIMIT_MS: Final = 250.0
 
 
+ATTACH: Final = ("both", "bare", "aggregator")  # who subscribes during one load run
+
+
 async def measure(
-    nodes: int, args: argparse.Namespace, tpl: Templates, workdir: Path
+    nodes: int, args: argparse.Namespace, tpl: Templates, workdir: Path, attach: str = "both"
 ) -> dict[str, Any]:
+    """One load run on a fresh nats-server with the bare subscriber, the aggregator or
+    both attached. A bare-only run skips the snapshot phase (nothing to fill)."""
+    workdir = fresh_dir(workdir)
     mon = free_port()
     settings = NatsServerSettings(store_dir=workdir / "nats", extra_args=("-m", str(mon)))
-    result: dict[str, Any] = {"nodes": nodes, "offered_msgs_s": nodes * args.hz}
+    result: dict[str, Any] = {"nodes": nodes, "offered_msgs_s": nodes * args.hz, "attach": attach}
     with NatsServer(settings) as server:
-        agg = Aggregator(server.url, workdir)
-        bare = Bare()
+        agg = Aggregator(server.url, workdir) if attach != "bare" else None
+        bare = Bare() if attach != "aggregator" else None
         gen: LoadGen | None = None
         nc = await nats.connect(server.url, name="bench-harness")
         alerts: dict[str, float] = {}
@@ -80,11 +87,15 @@ async def measure(
 
         await nc.subscribe("nicfleet.v1.alert.critical.port-down.>", cb=on_alert)
         timeout = aiohttp.ClientTimeout(total=10)
+        rss0 = rss_snap = 0
+        final: dict[str, float] = {}
         async with aiohttp.ClientSession(timeout=timeout) as http:
             try:
-                await agg.ready(http)
-                await bare.start(server.url)
-                rss0 = rss_kb(agg.proc.pid)
+                if agg is not None:
+                    await agg.ready(http)
+                    rss0 = rss_kb(agg.proc.pid)
+                if bare is not None:
+                    await bare.start(server.url)
                 spec = LoadSpec(
                     nats_url=server.url,
                     nodes=nodes,
@@ -98,60 +109,39 @@ async def measure(
                     ),
                     encoding=args.encoding,
                     full_every=args.full_every,
+                    snapshots=agg is not None,
                 )
                 gen = LoadGen(spec, tpl)
                 t_snap = time.monotonic()
                 await asyncio.to_thread(gen.start)
-
-                seen = [-1.0]
-
-                async def snapshots_in() -> bool:  # all in, or none more for 5 s
-                    count = (await agg.applied(http)).get("messages:snapshot", 0)
-                    if count >= nodes:
-                        seen[0] = count
-                        return True
-                    if count == seen[0]:
-                        return time.monotonic() - seen[1] > 5
-                    seen[:] = [count, time.monotonic()]
-                    return False
-
-                with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                    await wait_for(snapshots_in, args.snapshot_timeout, "snapshots", 0.5)
-                result["snapshot_ingest_s"] = round(time.monotonic() - t_snap, 2)
-                result["snapshots_applied"] = seen[0] if seen[0] >= 0 else nodes
-                rss_snap = rss_kb(agg.proc.pid)
+                if agg is not None:
+                    result["snapshots_applied"] = await snapshots_in(agg, http, nodes, args)
+                    result["snapshot_ingest_s"] = round(time.monotonic() - t_snap, 2)
+                    result["slow_consumers_after_snapshots"] = (await nats_monitor(http, mon))[
+                        "slow_consumers"
+                    ]
+                    rss_snap = rss_kb(agg.proc.pid)
                 t0 = gen.go()
                 samples = await sample(agg, bare, http, mon, t0, nodes, args)
                 load = await asyncio.to_thread(gen.finish)
-
-                async def drained() -> bool:  # applied stopped growing for 1 s
-                    before = (await agg.applied(http)).get("messages:counters", 0)
-                    await asyncio.sleep(1.0)
-                    return (await agg.applied(http)).get("messages:counters", 0) == before
-
-                final = {
-                    "messages:counters": max((r.get("applied", 0) for r in samples), default=0)
-                }
-                with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                    await wait_for(drained, 30, "the aggregator to drain", 0.0)
-                    final = await agg.applied(http)
+                if agg is not None:
+                    final = await drained(agg, http, samples)
+                    result["aggregator_nats_trouble"] = agg.nats_trouble()
                 result["nats_after"] = await nats_monitor(http, mon)
-                result["aggregator_nats_trouble"] = agg.nats_trouble()
                 await asyncio.sleep(args.every)  # one more bare report line
             finally:
                 if gen is not None:
                     gen.stop()
-                await bare.stop()
-                agg.stop()
+                if bare is not None:
+                    await bare.stop()
+                if agg is not None:
+                    agg.stop()
                 await nc.close()
     result.update(analyse(samples, load, final, bare, alerts, t0, args))
-    result["rss_kb"] = {
-        "idle": rss0,
-        "after_snapshots": rss_snap,
-        "end": samples[-1]["rss_kb"] if samples else None,
-    }
-    end_rss = result["rss_kb"]["end"] or rss_snap
-    result["rss_per_node_kb"] = round((end_rss - rss0) / nodes, 1)
+    if agg is not None:
+        end_rss = (samples[-1]["rss_kb"] if samples else None) or rss_snap
+        result["rss_kb"] = {"idle": rss0, "after_snapshots": rss_snap, "end": end_rss}
+        result["rss_per_node_kb"] = round((end_rss - rss0) / nodes, 1)
     result["load"] = {k: v for k, v in load.items() if k != "events"}
     profiled = [r["profile"] for r in samples if "profile" in r]
     if profiled:
@@ -159,9 +149,85 @@ async def measure(
     return result
 
 
+def fresh_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def snapshots_in(
+    agg: Aggregator, http: aiohttp.ClientSession, nodes: int, args: argparse.Namespace
+) -> float:
+    """Snapshots the aggregator applied once all are in or none more came for 5 s."""
+    seen = [-1.0, time.monotonic()]
+
+    async def done() -> bool:
+        count = (await agg.applied(http)).get("messages:snapshot", 0)
+        if count >= nodes:
+            seen[0] = count
+            return True
+        if count == seen[0]:
+            return time.monotonic() - seen[1] > 5
+        seen[:] = [count, time.monotonic()]
+        return False
+
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        await wait_for(done, args.snapshot_timeout, "snapshots", 0.5)
+    return seen[0] if seen[0] >= 0 else nodes
+
+
+async def drained(
+    agg: Aggregator, http: aiohttp.ClientSession, samples: list[dict[str, Any]]
+) -> dict[str, float]:
+    """The aggregator's applied counts once they stopped growing for 1 s (30 s at most)."""
+
+    async def still() -> bool:
+        before = (await agg.applied(http)).get("messages:counters", 0)
+        await asyncio.sleep(1.0)
+        return (await agg.applied(http)).get("messages:counters", 0) == before
+
+    final = {"messages:counters": max((r.get("applied", 0) for r in samples), default=0)}
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        await wait_for(still, 30, "the aggregator to drain", 0.0)
+        final = await agg.applied(http)
+    return final
+
+
+async def measure_point(
+    nodes: int, args: argparse.Namespace, tpl: Templates, workdir: Path
+) -> dict[str, Any]:
+    """Default: the same load twice, a fresh nats-server each time — first only the bare
+    subscriber attached, then only the aggregator — so each has the machine to itself.
+    `--concurrent`: both attached to one run (they share the cores)."""
+    if args.concurrent:
+        return await measure(nodes, args, tpl, workdir / "both", "both")
+    bare = await measure(nodes, args, tpl, workdir / "bare", "bare")
+    out = await measure(nodes, args, tpl, workdir / "aggregator", "aggregator")
+    for key in BARE_KEYS:
+        out[key] = bare.get(key)
+    out["bare_phase"] = {
+        "published": bare["published"],
+        "generator_late_ms_p99": bare["load"]["late_ms_p99_worst"],
+        "generator_cpu_ms_per_1000_msgs": bare["load"]["cpu_ms_per_1000_msgs"],
+        "slow_consumers": bare["nats_after"]["slow_consumers"],
+    }
+    if out.get("bare_msgs_s") and out.get("aggregator_msgs_s") is not None:
+        out["ratio_aggregator_to_bare"] = round(out["aggregator_msgs_s"] / out["bare_msgs_s"], 2)
+    return out
+
+
+BARE_KEYS: Final = (
+    "bare_msgs_s",
+    "bare_cpu_pct",
+    "bare_lag_start_s",
+    "bare_lag_end_s",
+    "bare_lost",
+    "bare_nats_errors",
+)
+
+
 async def sample(
-    agg: Aggregator,
-    bare: Bare,
+    agg: Aggregator | None,
+    bare: Bare | None,
     http: aiohttp.ClientSession,
     mon: int,
     t0: float,
@@ -175,39 +241,23 @@ async def sample(
     spy_out = Path(tempfile.mkdtemp(prefix="nicfleet-spy-")) / "profile.txt"
     while time.time() < t0 + args.duration + 0.5:
         await asyncio.sleep(args.every)
-        if args.profile_at == nodes and spy is None and time.time() >= t0 + args.warmup:
-            spy = await asyncio.create_subprocess_exec(
-                args.py_spy,
-                "record",
-                "--pid",
-                str(agg.proc.pid),
-                "--duration",
-                str(max(1, int(args.duration - args.warmup - 1))),
-                "--rate",
-                "100",
-                "--format",
-                "raw",
-                "--output",
-                str(spy_out),
-                "--nonblocking",
-                stdout=asyncio.subprocess.DEVNULL,
-            )
-        row: dict[str, Any] = {
-            "t": time.time(),
-            "rss_kb": rss_kb(agg.proc.pid),
-            "cpu_s": cpu_s(agg.proc.pid),
-        }
-        try:
-            row["applied"] = (await agg.applied(http)).get("messages:counters", 0)
-            lags = [await agg.lag(http, p) for p in probes]
-            row["lag_s"] = [lag[0] for lag in lags if lag is not None]
-            row["age_s"] = [lag[1] for lag in lags if lag is not None]
-        except (aiohttp.ClientError, TimeoutError):
-            row["api_timeout"] = True
-        row["bare"] = bare.counters()
-        row["bare_t"] = bare.lines[-1]["t"] if bare.lines else row["t"]
-        row["bare_lag_p50_s"] = bare.lines[-1].get("lag_p50_s") if bare.lines else None
-        row["bare_cpu_s"] = cpu_s(bare.proc.pid) if bare.proc else None
+        row: dict[str, Any] = {"t": time.time()}
+        if agg is not None:
+            if args.profile_at == nodes and spy is None and time.time() >= t0 + args.warmup:
+                spy = await start_py_spy(agg, args, spy_out)
+            row["rss_kb"], row["cpu_s"] = rss_kb(agg.proc.pid), cpu_s(agg.proc.pid)
+            try:
+                row["applied"] = (await agg.applied(http)).get("messages:counters", 0)
+                lags = [await agg.lag(http, p) for p in probes]
+                row["lag_s"] = [lag[0] for lag in lags if lag is not None]
+                row["age_s"] = [lag[1] for lag in lags if lag is not None]
+            except (aiohttp.ClientError, TimeoutError):
+                row["api_timeout"] = True
+        if bare is not None:
+            row["bare"] = bare.counters()
+            row["bare_t"] = bare.lines[-1]["t"] if bare.lines else row["t"]
+            row["bare_lag_p50_s"] = bare.lines[-1].get("lag_p50_s") if bare.lines else None
+            row["bare_cpu_s"] = cpu_s(bare.proc.pid) if bare.proc else None
         rows.append(row)
     if spy is not None:
         await spy.wait()
@@ -215,40 +265,62 @@ async def sample(
             rows[-1]["profile"] = summarize_profile(spy_out)
         else:
             print(f"py-spy wrote no profile (exit {spy.returncode})", file=sys.stderr)
-        shutil.rmtree(spy_out.parent, ignore_errors=True)
+    shutil.rmtree(spy_out.parent, ignore_errors=True)
     return rows
+
+
+async def start_py_spy(
+    agg: Aggregator, args: argparse.Namespace, out: Path
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        args.py_spy,
+        "record",
+        "--pid",
+        str(agg.proc.pid),
+        "--duration",
+        str(max(1, int(args.duration - args.warmup - 1))),
+        "--rate",
+        "100",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+    )
 
 
 def analyse(
     rows: list[dict[str, Any]],
     load: dict[str, Any],
     final: dict[str, float],
-    bare: Bare,
+    bare: Bare | None,
     alerts: dict[str, float],
     t0: float,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     start, end = t0 + args.warmup, t0 + args.duration
-    window = [r for r in rows if start <= r["t"] <= end and "applied" in r]
-    out: dict[str, Any] = {"window_s": None}
-    if len(window) >= 2:
-        a, b = window[0], window[-1]
-        dt = b["t"] - a["t"]
-        out["window_s"] = round(dt, 1)
-        out["aggregator_msgs_s"] = round((b["applied"] - a["applied"]) / dt)
-        out["aggregator_cpu_pct"] = round(100 * (b["cpu_s"] - a["cpu_s"]) / dt)
-        if a["bare_cpu_s"] is not None:
-            out["bare_cpu_pct"] = round(100 * (b["bare_cpu_s"] - a["bare_cpu_s"]) / dt)
-        head = [x for r in window[:3] for x in r.get("lag_s", [])]
-        tail = [x for r in window[-3:] for x in r.get("lag_s", [])]
-        out["lag_start_s"] = round(statistics.median(head), 3) if head else None
-        out["lag_end_s"] = round(statistics.median(tail), 3) if tail else None
-        head = [x for r in window[:3] for x in r.get("age_s", [])]
-        tail = [x for r in window[-3:] for x in r.get("age_s", [])]
-        out["age_start_s"] = round(statistics.median(head), 3) if head else None
-        out["age_end_s"] = round(statistics.median(tail), 3) if tail else None
-    out["window_rows"] = len(window)  # fewer than the seconds: the API stalled
-    # The bare subscriber's own lines, so the aggregator's API stalls do not narrow it.
+    out: dict[str, Any] = {"window_s": None, "published": load["counters"]}
+    # A generator that cannot keep its schedule does not offer the load it claims.
+    out["generator_kept_up"] = load["late_ms_p99_worst"] < GENERATOR_LATE_LIMIT_MS
+    if bare is not None:
+        out.update(analyse_bare(bare, rows, load["counters"], start, end))
+    if final or any("applied" in r for r in rows):
+        out.update(analyse_aggregator(rows, load, final, alerts, start, end, args))
+    if out.get("bare_msgs_s") and out.get("aggregator_msgs_s") is not None:
+        out["ratio_aggregator_to_bare"] = round(out["aggregator_msgs_s"] / out["bare_msgs_s"], 2)
+    return out
+
+
+def analyse_bare(
+    bare: Bare, rows: list[dict[str, Any]], sent: int, start: float, end: float
+) -> dict[str, Any]:
+    """The bare subscriber's own lines, so the aggregator's API stalls do not narrow it."""
+    out: dict[str, Any] = {}
+    cpu = [r for r in rows if start <= r["t"] <= end and r.get("bare_cpu_s") is not None]
+    if len(cpu) >= 2:
+        dt = cpu[-1]["t"] - cpu[0]["t"]
+        out["bare_cpu_pct"] = round(100 * (cpu[-1]["bare_cpu_s"] - cpu[0]["bare_cpu_s"]) / dt)
     lines = [x for x in bare.lines if "t" in x and start <= x["t"] <= end]
     if len(lines) >= 2:
         counted = lines[-1]["counts"]["counters"] - lines[0]["counts"]["counters"]
@@ -256,13 +328,37 @@ def analyse(
     bare_lags = [x["lag_p50_s"] for x in lines if x.get("lag_p50_s") is not None]
     out["bare_lag_start_s"] = bare_lags[0] if bare_lags else None
     out["bare_lag_end_s"] = bare_lags[-1] if bare_lags else None
+    out["bare_lost"] = sent - bare.counters()
+    out["bare_nats_errors"] = bare.lines[-1]["errors"]["nats"] if bare.lines else None
+    return out
+
+
+def analyse_aggregator(
+    rows: list[dict[str, Any]],
+    load: dict[str, Any],
+    final: dict[str, float],
+    alerts: dict[str, float],
+    start: float,
+    end: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    window = [r for r in rows if start <= r["t"] <= end and "applied" in r]
+    out: dict[str, Any] = {}
+    if len(window) >= 2:
+        a, b = window[0], window[-1]
+        dt = b["t"] - a["t"]
+        out["window_s"] = round(dt, 1)
+        out["aggregator_msgs_s"] = round((b["applied"] - a["applied"]) / dt)
+        out["aggregator_cpu_pct"] = round(100 * (b["cpu_s"] - a["cpu_s"]) / dt)
+        for key, name in (("lag_s", "lag"), ("age_s", "age")):
+            head = [x for r in window[:3] for x in r.get(key, [])]
+            tail = [x for r in window[-3:] for x in r.get(key, [])]
+            out[f"{name}_start_s"] = round(statistics.median(head), 3) if head else None
+            out[f"{name}_end_s"] = round(statistics.median(tail), 3) if tail else None
+    out["window_rows"] = len(window)  # fewer than the seconds: the API stalled
     sent = load["counters"]
-    out["published"] = sent
     out["aggregator_applied_total"] = final.get("messages:counters", 0)
     out["aggregator_lost"] = sent - out["aggregator_applied_total"]
-    bare_total = bare.counters()
-    out["bare_lost"] = sent - bare_total
-    out["bare_nats_errors"] = bare.lines[-1]["errors"]["nats"] if bare.lines else None
     latencies = [alerts[node] - at for node, at in load["events"] if node in alerts]
     out["alerts"] = {
         "injected": len(load["events"]),
@@ -270,19 +366,15 @@ def analyse(
         "p50_ms": _ms(pct(latencies, 0.5)),
         "p99_ms": _ms(pct(latencies, 0.99)),
     }
-    if out.get("bare_msgs_s") and out.get("aggregator_msgs_s") is not None:
-        out["ratio_aggregator_to_bare"] = round(out["aggregator_msgs_s"] / out["bare_msgs_s"], 2)
     lag_ok = all(
         out.get(k) is not None for k in ("lag_start_s", "lag_end_s", "age_start_s", "age_end_s")
     )
     lag_ok = lag_ok and out["lag_end_s"] - out["lag_start_s"] < LAG_GROWTH_LIMIT_S
     lag_ok = lag_ok and out["age_end_s"] - out["age_start_s"] < LAG_GROWTH_LIMIT_S
     alert_p99 = out["alerts"]["p99_ms"]
-    # A generator that cannot keep its schedule does not offer the load it claims.
-    out["generator_kept_up"] = load["late_ms_p99_worst"] < GENERATOR_LATE_LIMIT_MS
     out["sustained"] = bool(
         lag_ok
-        and out["generator_kept_up"]
+        and load["late_ms_p99_worst"] < GENERATOR_LATE_LIMIT_MS
         and out.get("aggregator_msgs_s", 0) >= 0.95 * load["nodes"] * args.hz
         and out["aggregator_lost"] <= 0.01 * sent
         and out["alerts"]["seen"] == out["alerts"]["injected"]
@@ -303,6 +395,9 @@ MEDIAN_KEYS: Final = (
     "aggregator_cpu_pct",
     "bare_cpu_pct",
 )
+# Snapshots/s at the start: the pace the aggregator asks a fleet to answer a resync at
+# (aggregator/resync.py ResyncSettings.rate_nodes_per_s; 10,000 nodes = 50 s).
+SNAPSHOT_RATE: Final = 200.0
 
 
 def full_batch(tpl: Templates, encoding: str) -> bytes:
@@ -339,6 +434,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "snapshot_bytes": len(tpl.snapshot),
         "hz": args.hz,
         "duration_s": args.duration,
+        "mode": "concurrent" if args.concurrent else "separate",
+        "snapshot_rate": args.snapshot_rate,
         "warmup_s": args.warmup,
         "points": [],
     }
@@ -346,7 +443,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="nicfleet-scale-") as tmp:
-                runs.append(await measure(nodes, args, tpl, Path(tmp)))
+                runs.append(await measure_point(nodes, args, tpl, Path(tmp)))
         point = dict(runs[len(runs) // 2])
         for key in MEDIAN_KEYS:
             values = [r[key] for r in runs if r.get(key) is not None]
@@ -358,16 +455,31 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print(row_text(point), file=sys.stderr, flush=True)
         if args.stop_when_broken and not point["sustained"]:
             break
-    ok = [p["nodes"] for p in results["points"] if p["sustained"]]
-    results["largest_sustained_nodes"] = max(ok) if ok else None
+    results["capacity"] = capacity(results["points"], args.hz)
+    results["largest_sustained_nodes"] = results["capacity"]["largest_sustained_nodes"]
     return results
+
+
+def capacity(points: list[dict[str, Any]], hz: float) -> dict[str, Any]:
+    """The largest node count sustained among those tried (at `hz`), and the smallest that
+    was not: the capacity lies between them."""
+    ok = [p["nodes"] for p in points if p["sustained"]]
+    broken = [p["nodes"] for p in points if not p["sustained"]]
+    best = max(ok) if ok else None
+    return {
+        "hz": hz,
+        "tried": [p["nodes"] for p in points],
+        "largest_sustained_nodes": best,
+        "largest_sustained_msgs_s": None if best is None else round(best * hz),
+        "smallest_broken_nodes": min(broken) if broken else None,
+    }
 
 
 HEADER: Final = (
     f"{'nodes':>6} {'offered':>8} {'agg/s':>7} {'bare/s':>7} {'ratio':>5} "
     f"{'lag0':>6} {'lag1':>6} {'age0':>6} {'age1':>6} {'bare0':>6} {'bare1':>6} "
     f"{'alert50':>8} {'alert99':>8} {'seen':>5} {'aggCPU':>6} {'KB/node':>7} {'lost':>7} "
-    f"{'slowC':>5} {'snaps':>6} {'genLate':>7} ok"
+    f"{'slowC':>5} {'slowS':>5} {'snaps':>6} {'genLate':>7} {'bLate':>6} {'genCPU':>6} ok"
 )
 
 
@@ -396,8 +508,11 @@ def row_text(p: dict[str, Any]) -> str:
             f(p.get("rss_per_node_kb"), 7),
             f(p.get("aggregator_lost"), 7),
             f(p.get("nats_after", {}).get("slow_consumers"), 5),
+            f(p.get("slow_consumers_after_snapshots"), 5),
             f(p.get("snapshots_applied"), 6),
             f(p["load"]["late_ms_p99_worst"], 7),
+            f(p.get("bare_phase", {}).get("generator_late_ms_p99"), 6),
+            f(p["load"].get("cpu_ms_per_1000_msgs"), 6),
             "yes" if p["sustained"] else "NO",
         ]
     )
@@ -414,7 +529,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs per point (median)")
     parser.add_argument("--every", type=float, default=1.0, help="sampling interval (s)")
     parser.add_argument("--snapshot-timeout", type=float, default=300.0)
-    parser.add_argument("--snapshot-rate", type=float, default=250.0, help="snapshots/s at start")
+    parser.add_argument(
+        "--snapshot-rate",
+        type=float,
+        default=SNAPSHOT_RATE,
+        help="snapshots/s at start (default: the aggregator's resync pace)",
+    )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="bare subscriber and aggregator on the same run (default: one run each)",
+    )
     parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
     parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
     parser.add_argument("--encoding", choices=ENCODINGS, default="packed", help="of counters")
@@ -431,9 +556,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2, default=str))
         return
+    cap = results["capacity"]
     print(
-        f"\ncounter batch {results['counter_bytes_per_msg']} B; largest sustained: "
-        f"{results['largest_sustained_nodes']} nodes"
+        f"\ncounter batch {results['counter_bytes_per_msg']} B; capacity at {cap['hz']:g} Hz: "
+        f"largest sustained {cap['largest_sustained_nodes']} nodes "
+        f"({cap['largest_sustained_msgs_s']} msgs/s) of {cap['tried']}; smallest not "
+        f"sustained {cap['smallest_broken_nodes']}; load average at start "
+        f"{results['machine']['load_avg_at_start']}"
     )
     for p in results["points"]:
         if "profile" in p:

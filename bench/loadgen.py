@@ -447,6 +447,7 @@ def main() -> None:
     parser.add_argument("--port-downs", type=int, default=0, help="port-down events to inject")
     parser.add_argument("--encoding", choices=ENCODINGS, default="packed")
     parser.add_argument("--full-every", type=int, default=30, help="1: full batches only")
+    parser.add_argument("--snapshot-rate", type=float, default=250.0, help="snapshots/s at start")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     spec = LoadSpec(
@@ -458,6 +459,7 @@ def main() -> None:
         port_down=spread_port_downs(args.nodes, args.port_downs, 1.0, args.duration - 1.0),
         encoding=args.encoding,
         full_every=args.full_every,
+        snapshot_rate=args.snapshot_rate,
     )
     gen = LoadGen(spec)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
@@ -189,10 +189,31 @@ def _ports_bad(node: str, record: NodeRecord, batch: CounterBatch) -> tuple[Port
         found = tuple(map(_port_bad, batch.ports))
         _remember(node, (seq, delta, tuple(_outside(bad, delta) for bad in found)))
         return found
-    keys = delta
-    return tuple(
-        _port_bad_over(pc, bad, keys) for pc, bad in zip(batch.ports, known[2], strict=True)
-    )
+    keys = known[1] | delta if known[1] else delta
+    rate_keys, counter_keys = _split(keys)
+    names = tuple(name for _, name in counter_keys)
+    out: list[PortBad] = []
+    for pc, bad in zip(batch.ports, known[2], strict=True):
+        if (
+            bad == _NO_PROBLEMS
+            and _fine(list(map(pc.rates.get, rate_keys)), True)
+            and _fine(list(map(pc.counters.get, names)), False)
+        ):
+            out.append(_NO_PROBLEMS)
+        else:
+            out.append(_port_bad_over(pc, bad, keys))
+    return tuple(out)
+
+
+def _fine(values: list[float | None] | list[int | None], rates: bool) -> bool:
+    """Fast path, in C: every key present, none negative, no rate NaN or infinite (their
+    sum is finite); anything else is sorted out by `_port_bad_over`."""
+    if not values:
+        return True
+    if None in values:
+        return False
+    present = cast(list[float], values)
+    return min(present) >= 0 and (not rates or math.isfinite(sum(present)))
 
 
 def _outside(bad: PortBad, keys: frozenset[str]) -> PortBad:

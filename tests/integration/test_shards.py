@@ -302,10 +302,16 @@ async def answers_for_every_node(asked: ShardReplica, fleet: Fleetwide) -> None:
     """One replica answers for every node: its own, and the others' forwarded to their
     holder (named in `X-Nicfleet-Served-By`); an unknown node is still a 404."""
     holders = {n: v["replica"] for v in fleet.views for n in v["node_names"]}
+
+    async def knows_every_api() -> bool:  # the URLs come with the next heartbeats
+        view = await asked.view()
+        return view is not None and len(view["api_urls"]) == len(fleet.views)
+
+    await wait_until(knows_every_api, timeout=10, interval=0.2, what="replicas' API URLs")
     async with httpx.AsyncClient(timeout=10, base_url=asked.api_url) as client:
         for name in NODES:
             reply = await client.get(f"/api/v1/nodes/{name}")
-            assert reply.status_code == 200, (name, reply.text, [v.get("api_urls") for v in fleet.views], dict(reply.headers))
+            assert reply.status_code == 200, (name, reply.text)
             assert reply.json()["summary"]["name"] == name
             assert reply.headers[SERVED_BY] == holders[name], name
         assert (await client.get("/api/v1/nodes/gpu-999")).status_code == 404
@@ -353,6 +359,7 @@ async def test_three_replicas_share_the_fleet_and_survive_a_sigkill(tmp_path: Pa
                 victim_nodes = await run_and_kill(urls, replicas, expected, alerts)
                 survivors = [r for r in replicas if r.proc and r.proc.poll() is None]
                 await check_writes_after_kill(watcher, survivors, victim_nodes, alerts, policy)
+                await check_leader_kill(watcher, survivors, alerts, policy)
         finally:
             await watcher.close()
 
@@ -378,6 +385,8 @@ async def check_writes_after_kill(
     assert odd in stable
     assert all(alerts.firings[k] == 1 for k in stable), alerts.firings
     assert not any(alerts.resolved[k] for k in stable), alerts.resolved
+    seen = await firing_everywhere(survivors)
+    assert seen is not None and all(seen[k] == 1 for k in stable), seen
 
     write_policy(policy, 8)
     node = victim_nodes[0]
@@ -387,6 +396,46 @@ async def check_writes_after_kill(
 
     await wait_until(reached, timeout=45, interval=0.5,
                      what=f"new desired config for {node} of the killed shard")  # fmt: skip
+
+
+async def leads(replica: ShardReplica) -> bool:
+    async with httpx.AsyncClient(timeout=5) as client:
+        reply = await client.get(f"{replica.api_url}/api/v1/policy")
+    return reply.status_code == 200 and bool(reply.json().get("leader"))
+
+
+async def check_leader_kill(
+    nc: NatsClient, survivors: list[ShardReplica], alerts: AlertLog, policy: Path
+) -> None:
+    """SIGKILL the leader too: the last replica takes the lease, its fleet-level alerts
+    continue without being re-sent, and it writes desired config for every node."""
+    leaders: list[ShardReplica] = []
+
+    async def one_leader() -> bool:
+        leaders[:] = [r for r in survivors if await leads(r)]
+        return len(leaders) == 1
+
+    await wait_until(one_leader, timeout=30, interval=0.5, what="one leader among survivors")
+    fleet_level = {k for k in alerts.firings if k[1] == "_fleet"}
+    assert fleet_level, alerts.firings  # the policy selects no adapter: a fleet-level alert
+    before = dict(alerts.firings)
+    leaders[0].kill()
+    last = [r for r in survivors if r is not leaders[0]]
+
+    async def took_over() -> bool:
+        seen = await firing_everywhere(last)
+        return (
+            seen is not None
+            and all(seen[k] == 1 for k in before)
+            and await leads(last[0])
+            and [await desired_hca_max(nc, n) for n in NODES] == [12] * len(NODES)
+        )
+
+    write_policy(policy, 12)
+    await wait_until(took_over, timeout=60, interval=0.5,
+                     what="the last replica leads, every alert firing, config written")  # fmt: skip
+    assert {k: n for k, n in alerts.firings.items() if k in before} == before  # none re-sent
+    assert not any(alerts.resolved[k] for k in before), alerts.resolved
 
 
 async def run_and_kill(
@@ -411,17 +460,6 @@ async def run_and_kill(
                          what="each node held once, findings equal one process's")  # fmt: skip
         assert all(len(v["node_names"]) < len(NODES) for v in fleet.views)  # really shared
         await answers_for_every_node(replicas[0], fleet)
-        dbg = await nats.connect(urls[0])
-        kvn = await dbg.jetstream().key_value(subjects.KV_NODES)
-        print("DBG KV nodes before kill", len(await kvn.keys()), time.time())
-        for r in replicas:
-            async with httpx.AsyncClient(timeout=5) as c:
-                m = (await c.get(f"{r.api_url}/metrics")).text
-            print("DBG", r.name, [l for l in m.splitlines() if "kv_write" in l and not l.startswith("#")])
-        await wait_until(lambda: True)
-        import asyncio
-        await asyncio.sleep(2)
-        print("DBG KV nodes before kill +2s", len(await kvn.keys()), time.time())
 
         # SIGKILL the replica holding the odd node (whose fw-skew finding needs the
         # other replicas' votes): the survivors take its partitions over.
@@ -446,6 +484,4 @@ async def run_and_kill(
         await wait_until(taken_over, timeout=15, interval=0.2,
                          what="survivors hold every node, no finding lost")  # fmt: skip
         assert sum(v["takeovers"] for v in survivors.views) > 0
-        print("DBG KV nodes after", sorted(await kvn.keys()), time.time())
-        await dbg.close()
     return victim_nodes

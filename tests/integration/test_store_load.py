@@ -84,3 +84,14 @@ async def test_stopping_early_leaves_the_bucket_usable(kv: KeyValue) -> None:
     await loads.aclose()
     assert first.snapshot.node.startswith("gpu-")
     assert len([s async for s in load_nodes(kv)]) == 10
+
+
+async def test_a_load_leaves_no_consumer_behind(kv: KeyValue) -> None:
+    for i in range(600):  # more than one pull batch
+        await put(kv, f"gpu-{i:03d}", 1)
+    assert len([s async for s in load_nodes(kv)]) == 600
+    loads = load_nodes(kv)
+    await anext(loads)
+    await loads.aclose()
+    info = await kv._js.stream_info(kv._stream)
+    assert info.state.consumer_count == 0

@@ -1,6 +1,7 @@
 """The issue-8 load generator's messages are what real agents send (they decode with the
-real codec, 16 ports, rates present), and the harness's pure helpers (port-down spread,
-py-spy summary) count what they should. No timing is asserted here."""
+real codec, 16 ports, rates present; spliced messages equal the whole-Struct encode byte for
+byte), and the pure helpers (schedule, lateness, port-down spread, py-spy summary, capacity)
+count what they should. No timing is asserted here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ sys.path.insert(0, str(BENCH))
 
 import msgspec  # noqa: E402
 import pytest  # noqa: E402
+from ingest_scale import capacity  # noqa: E402
 from loadgen import (  # noqa: E402
     BUSY,
     CounterStream,
@@ -19,7 +21,11 @@ from loadgen import (  # noqa: E402
     Spliced,
     Templates,
     build_templates,
+    burst_end,
+    is_full_round,
+    lateness_summary,
     node_name,
+    phase_offsets,
     spread_port_downs,
 )
 from scale_probes import summarize_profile  # noqa: E402
@@ -106,7 +112,7 @@ def _slow_path(tpl: Templates, encoding: str, base_seq: int | None) -> bytes:
 @pytest.mark.parametrize(
     ("encoding", "base_seq"),
     [("packed", None), ("map", None), ("packed", 61), ("map", 61)],
-    ids=["full-packed", "full-map", "delta-packed-run", "delta-map-run"],
+    ids=["full-packed", "full-map", "delta-in-packed-run", "delta-in-map-run"],
 )
 def test_spliced_messages_equal_the_slow_path(encoding: str, base_seq: int | None) -> None:
     tpl = _TEMPLATES
@@ -134,3 +140,47 @@ def test_a_delta_carries_busy_ports_only_as_changes() -> None:
 def test_splicing_needs_every_varying_field() -> None:
     with pytest.raises(ValueError, match="lacks"):
         Spliced(LinkEvent(node="n", seq=1, kind="port-state", observed_at=1.0))
+
+
+def test_phases_spread_over_the_interval_in_node_order() -> None:
+    mine = list(range(1, 10, 2))  # worker 1 of 2, 10 nodes
+    offsets = phase_offsets(mine, 10, 2.0)
+    assert offsets == [0.2, 0.6, 1.0, 1.4, 1.8]
+    assert offsets == sorted(offsets)
+
+
+def test_a_burst_takes_every_node_due_by_the_horizon() -> None:
+    offsets = [0.0, 0.1, 0.2, 0.3]
+    assert burst_end(offsets, 0, 100.0, 100.0) == 1  # due exactly now: in
+    assert burst_end(offsets, 1, 100.0, 100.15) == 2
+    assert burst_end(offsets, 2, 100.0, 100.15) == 2  # nothing due yet: empty burst
+    assert burst_end(offsets, 0, 100.0, 200.0) == 4  # far behind: everything left
+
+
+def test_lateness_summary_in_ms() -> None:
+    late = [0.0] * 98 + [0.1, 0.3]
+    assert lateness_summary(late) == {"p50": 0.0, "p99": 100.0, "max": 300.0}
+    assert lateness_summary([]) == {}
+
+
+def test_full_batches_are_spread_over_the_nodes() -> None:
+    assert all(is_full_round(0, node, 30) for node in range(100))
+    fulls = [node for node in range(60) if is_full_round(7, node, 30)]
+    assert fulls == [23, 53]
+    assert all(is_full_round(t, 5, 1) for t in range(5))  # --full-every 1: no deltas
+
+
+def test_capacity_is_the_largest_node_count_sustained() -> None:
+    points = [
+        {"nodes": 1000, "sustained": True},
+        {"nodes": 3000, "sustained": True},
+        {"nodes": 10000, "sustained": False},
+    ]
+    assert capacity(points, 1.0) == {
+        "hz": 1.0,
+        "tried": [1000, 3000, 10000],
+        "largest_sustained_nodes": 3000,
+        "largest_sustained_msgs_s": 3000,
+        "smallest_broken_nodes": 10000,
+    }
+    assert capacity([{"nodes": 100, "sustained": False}], 2.0)["largest_sustained_nodes"] is None

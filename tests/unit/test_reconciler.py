@@ -219,3 +219,31 @@ async def test_loop_replans_when_the_policy_file_changes(tmp_path: Any) -> None:
         stop.set()
     assert [p.metadata.name for p in rec.latest().policies] == ["p"]
     assert "$.kind" in rec.latest().errors[0]
+
+
+async def test_loop_plans_a_node_that_joins_right_after_a_round() -> None:
+    # The change arrives within `settle` of the round before: the round waits, then runs.
+    fleet = fleet_with("a")
+    feed = ChangeFeed()
+    watcher = Watcher((POLICY,), {"a": NODES["a"]})
+    rec = Reconciler(
+        ReconcileSettings(tick=600.0, settle=0.2),
+        fleet=fleet,
+        changes=feed.subscribe(),
+        policies=ClusterPolicies(watcher),
+        store=None,
+        cluster=watcher.cluster_view,
+    )
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(rec.run(stop))
+        await asyncio.wait_for(rec.updated.wait(), 5)
+        assert [n.node for n in rec.latest().nodes] == ["a"]
+        watcher.nodes["b"] = NODES["b"]
+        fleet.apply_snapshot(snapshot("b", devices=(nic("mlx5_0"),)), T0)
+        feed.publish("b", "snapshot")
+        while [n.node for n in rec.latest().nodes] != ["a", "b"]:
+            rec.updated.clear()
+            await asyncio.wait_for(rec.updated.wait(), 5)
+        stop.set()
+    assert rec.rounds == 2  # tick is 600 s: the change made the second round

@@ -285,19 +285,25 @@ CX7 = "0x1021"
             ],
             {"mlx5_core": ("1,inbox", "1")},
         ),
-        # Rail i: at least two members, majority subnet/rate/layer among known values.
+        # Rail i of a pool (policy, compute link layer): at least two members, majority
+        # subnet/rate/layer among known values.
         (
             fleetpolicy.RAIL_MISMATCH,
             [
                 node("a", roce("mlx5_0", "0:0", "10.0.0.1")),
                 node("b", roce("mlx5_0", "0:0", "10.0.1.1", rate=None)),
             ],
-            {0: (True, (None, 100.0, "Ethernet"))},
+            {("rail", None, "Ethernet", 0): (True, (None, 100.0, "Ethernet"))},
         ),
         (
             fleetpolicy.RAIL_MISMATCH,
             [node("a")],
-            {0: (False, ("fe80:0000:0000:0000", 400.0, "InfiniBand"))},
+            {
+                ("rail", None, "InfiniBand", 0): (
+                    False,
+                    ("fe80:0000:0000:0000", 400.0, "InfiniBand"),
+                )
+            },
         ),
     ],
 )

@@ -31,7 +31,7 @@ from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import Alert, ResyncRequest
 from proto.policy import Policy
-from tests.builders import snapshot
+from tests.builders import plugin_status, snapshot
 from tests.conftest import wait_until
 
 P = 12
@@ -277,7 +277,7 @@ async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
             await kv.put(subjects.node_token(name), encode(stored))
         await kv.put("gpu-bad", b"\xc1")  # undecodable: skipped
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(whole.run(stop, leading, kv))
+            tasks.create_task(whole.run(stop, leading, kv, nc))
             assert list(whole.view()) == ["gpu-001"] and not whole.synced  # a follower
             leading.set()
             await wait_until(lambda: whole.synced, timeout=10, what="KV read to the end")
@@ -285,6 +285,15 @@ async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
             assert sorted(view) == ["gpu-001", "gpu-002", "gpu-003"]
             assert view["gpu-001"] is own.get("gpu-001")  # own nodes as ingested
             assert view["gpu-002"].last_seen == clock.t  # others: judged by their holder
+            # Device-plugin status (not in KV) comes from every partition's status messages.
+            status = subjects.partition_subject(part("gpu-002"), "gpu-002", subjects.STATUS)
+            await nc.publish(status, encode(plugin_status("gpu-002", generation=7)))
+
+            def applied() -> int | None:
+                dp = whole.view()["gpu-002"].device_plugin
+                return dp.config_generation if dp is not None else None
+
+            await wait_until(lambda: applied() == 7, timeout=10, what="status applied")
             await kv.put("gpu-004", encode(StoredNode(snapshot=snapshot("gpu-004"),
                                                       received_at=2.0)))  # fmt: skip
             await kv.delete("gpu-003")
