@@ -101,10 +101,14 @@ def node_status(
     *,
     now: float,
     stale_after: float,
+    wanted: list[str] | None = None,  # _wanted(policy), computed once per policy
+    conflicted: frozenset[str] | None = None,  # nodes of plan.conflicts, likewise
 ) -> NodeStatus:
     desired = plan.desired.get(node)
-    config = policy.spec.rdma_shared_device_plugin
-    wanted = [resource_full_name(rc) for rc in config.config_list] if config else []
+    if wanted is None:
+        wanted = _wanted(policy)
+    if conflicted is None:
+        conflicted = frozenset(c.node for c in plan.conflicts)
     dp = record.device_plugin if record is not None else None
     applied = dp.config_generation if dp is not None else None
     agent = {r.name: r for r in dp.resources} if dp is not None else {}
@@ -131,7 +135,7 @@ def node_status(
         )
     topology_ok, topology_msg = _topology(policy, record)
     state: NodeStateName
-    if node in {c.node for c in plan.conflicts}:
+    if node in conflicted:
         state, message = "Conflict", "selected by more than one policy; previous config kept"
     elif stale:
         state, message = "Stale", "no message from the agent" if record is None else "agent silent"
@@ -168,6 +172,11 @@ def node_status(
     )
 
 
+def _wanted(policy: Policy) -> list[str]:
+    config = policy.spec.rdma_shared_device_plugin
+    return [resource_full_name(rc) for rc in config.config_list] if config else []
+
+
 def _topology(policy: Policy, record: NodeRecord | None) -> tuple[bool, str]:
     snap = record.snapshot if record else None
     if snap is None:
@@ -194,8 +203,19 @@ def policy_status(
         {n for n, p in plan.assignments.items() if p == name}
         | {c.node for c in plan.conflicts if name in c.policies}
     )
+    wanted, conflicted = _wanted(policy), frozenset(c.node for c in plan.conflicts)
     nodes = tuple(
-        node_status(policy, n, fleet.get(n), plan, cluster, now=now, stale_after=stale_after)
+        node_status(
+            policy,
+            n,
+            fleet.get(n),
+            plan,
+            cluster,
+            now=now,
+            stale_after=stale_after,
+            wanted=wanted,
+            conflicted=conflicted,
+        )
         for n in selected
     )
     live = [s for s in nodes if not s.stale and s.state != "Conflict"]

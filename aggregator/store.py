@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Final
 
@@ -136,7 +136,9 @@ async def load_nodes(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[St
                 log.warning("skipping undecodable KV entry %s: %s", key, exc)
 
 
-async def read_bucket(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[tuple[str, bytes]]:
+async def read_bucket(
+    kv: KeyValue, *, timeout: float = 30.0
+) -> AsyncGenerator[tuple[str, bytes], None]:
     """(key, value) of every key of the bucket; StoreError when it cannot be read.
 
     One pass over the bucket's stream (last value per key) through a pull consumer,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Final, cast
+from typing import Any, Final
 
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
@@ -129,8 +129,11 @@ def _snapshot_problems(
 
 # Per port of a counter batch: its bad rates and negative counters, each sorted by key.
 PortBad = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, int], ...]]
+_NO_PROBLEMS: Final[PortBad] = ((), ())  # the one object for a port without problems
 # A node's delta base: (base seq, keys not covered, per port the problems of the others).
-_BASES: Final[dict[str, tuple[int, frozenset[str], tuple[PortBad, ...]]]] = {}
+# And whether all of those are _NO_PROBLEMS.
+Base = tuple[int, frozenset[str], tuple[PortBad, ...], bool]
+_BASES: Final[dict[str, Base]] = {}
 
 
 def _port_bad(pc: PortCounters) -> PortBad:
@@ -141,12 +144,12 @@ def _port_bad(pc: PortCounters) -> PortBad:
     negative: tuple[tuple[str, int], ...] = ()
     if pc.counters and min(pc.counters.values()) < 0:
         negative = tuple((k, v) for k, v in sorted(pc.counters.items()) if v < 0)
-    return rates, negative
+    return (rates, negative) if rates or negative else _NO_PROBLEMS
 
 
 def _port_bad_over(pc: PortCounters, known: PortBad, keys: frozenset[str]) -> PortBad:
     """`_port_bad(pc)` from `known` (the problems outside `keys`) and `pc`'s `keys`."""
-    rate_keys, counter_keys = _split(keys)
+    rate_keys, counter_keys, _ = _split(keys)
     isfinite, rates, counters = math.isfinite, pc.rates, pc.counters
     bad = [(k, r) for k in rate_keys
            if (r := rates.get(k)) is not None and (not isfinite(r) or r < 0)]  # fmt: skip
@@ -158,16 +161,18 @@ def _port_bad_over(pc: PortCounters, known: PortBad, keys: frozenset[str]) -> Po
     return tuple(sorted(bad)), tuple(sorted(negative))
 
 
-_NO_PROBLEMS: Final[PortBad] = ((), ())
-_SPLITS: Final[dict[frozenset[str], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]] = {}
+Split = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
+_SPLITS: Final[dict[frozenset[str], Split]] = {}
 
 
-def _split(keys: frozenset[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Delta keys (shared sets: one entry per layout), sorted; and the counters' names."""
+def _split(keys: frozenset[str]) -> Split:
+    """Delta keys (shared sets: one entry per layout), sorted; the counters' (key, name)s
+    and names."""
     found = _SPLITS.get(keys)
     if found is None:
         ordered = tuple(sorted(keys))
-        found = ordered, tuple((k, k[9:]) for k in ordered if k.startswith("counters/"))
+        counters = tuple((k, k[9:]) for k in ordered if k.startswith("counters/"))
+        found = ordered, counters, tuple(name for _, name in counters)
         if len(_SPLITS) >= 4096:
             _SPLITS.clear()
         _SPLITS[keys] = found
@@ -181,52 +186,39 @@ def _ports_bad(node: str, record: NodeRecord, batch: CounterBatch) -> tuple[Port
     if merged is None:
         found = tuple(map(_port_bad, batch.ports))
         if record.counters_delta == frozenset() and record.counters_base_seq == batch.seq:
-            _remember(node, (batch.seq, frozenset(), found))  # a full batch: a delta base
+            _remember(node, batch.seq, frozenset(), found)  # a full batch: a delta base
         return found
     seq, delta = merged
     known = _BASES.get(node)
     if known is None or known[0] != seq or len(known[2]) != len(batch.ports):
         found = tuple(map(_port_bad, batch.ports))
-        _remember(node, (seq, delta, tuple(_outside(bad, delta) for bad in found)))
+        _remember(node, seq, delta, tuple(_outside(bad, delta) for bad in found))
         return found
     keys = known[1] | delta if known[1] else delta
-    rate_keys, counter_keys = _split(keys)
-    names = tuple(name for _, name in counter_keys)
-    out: list[PortBad] = []
-    for pc, bad in zip(batch.ports, known[2], strict=True):
-        if (
-            bad == _NO_PROBLEMS
-            and _fine(list(map(pc.rates.get, rate_keys)), True)
-            and _fine(list(map(pc.counters.get, names)), False)
-        ):
-            out.append(_NO_PROBLEMS)
-        else:
-            out.append(_port_bad_over(pc, bad, keys))
-    return tuple(out)
-
-
-def _fine(values: list[float | None] | list[int | None], rates: bool) -> bool:
-    """Fast path, in C: every key present, none negative, no rate NaN or infinite (their
-    sum is finite); anything else is sorted out by `_port_bad_over`."""
-    if not values:
-        return True
-    if None in values:
-        return False
-    present = cast(list[float], values)
-    return min(present) >= 0 and (not rates or math.isfinite(sum(present)))
-
-
-def _outside(bad: PortBad, keys: frozenset[str]) -> PortBad:
-    return (
-        tuple((k, r) for k, r in bad[0] if k not in keys),
-        tuple((k, v) for k, v in bad[1] if f"counters/{k}" not in keys),
+    rate_keys, _, names = _split(keys)
+    if known[3]:
+        # Fast path, in C, over all ports at once: every key present, none negative, no
+        # rate NaN or infinite (their sum is finite); else `_port_bad_over` sorts it out.
+        rates: list[Any] = [r for pc in batch.ports for r in map(pc.rates.get, rate_keys)]
+        counters: list[Any] = [c for pc in batch.ports for c in map(pc.counters.get, names)]
+        fine = not rates or (None not in rates and min(rates) >= 0 and math.isfinite(sum(rates)))
+        if fine and (not counters or (None not in counters and min(counters) >= 0)):
+            return known[2]
+    return tuple(
+        _port_bad_over(pc, bad, keys) for pc, bad in zip(batch.ports, known[2], strict=True)
     )
 
 
-def _remember(node: str, entry: tuple[int, frozenset[str], tuple[PortBad, ...]]) -> None:
+def _outside(bad: PortBad, keys: frozenset[str]) -> PortBad:
+    rates = tuple((k, r) for k, r in bad[0] if k not in keys)
+    negative = tuple((k, v) for k, v in bad[1] if f"counters/{k}" not in keys)
+    return (rates, negative) if rates or negative else _NO_PROBLEMS
+
+
+def _remember(node: str, seq: int, outside: frozenset[str], ports: tuple[PortBad, ...]) -> None:
     if len(_BASES) >= LIMIT and node not in _BASES:
         _BASES.clear()
-    _BASES[node] = entry
+    _BASES[node] = (seq, outside, ports, all(bad is _NO_PROBLEMS for bad in ports))
 
 
 def _counter_problems(
@@ -239,8 +231,10 @@ def _counter_problems(
         problems.setdefault((node, "counters"), []).extend(
             f"{e.path}: {e.error}" for e in batch.errors
         )
-    for pc, (bad_rates, negative) in zip(batch.ports, _ports_bad(node, record, batch),
-                                         strict=True):  # fmt: skip
+    for pc, bad in zip(batch.ports, _ports_bad(node, record, batch), strict=True):
+        if bad is _NO_PROBLEMS and not pc.saturated and not pc.resets:
+            continue  # almost every port
+        bad_rates, negative = bad
         listed = [f"rate of {key} is {rate}" for key, rate in bad_rates]
         if pc.saturated:
             listed.extend(f"{k} saturated (clear it: perfquery -x -R)" for k in pc.saturated

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Final, cast
 
+from msgspec.structs import astuple
+
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet import NodeRecord
 from aggregator.rules.counterbase import same_counter_inputs
@@ -34,7 +36,8 @@ from aggregator.rules.sortedfindings import SortedFindings
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.policy import Policy
 
-_ALL_FIELDS: Final = frozenset(NodeRecord.__struct_fields__)  # this object: came or went
+_FIELDS: Final = NodeRecord.__struct_fields__
+_ALL_FIELDS: Final = frozenset(_FIELDS)  # this very object: the node came or went
 UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
 
 
@@ -143,9 +146,14 @@ class IncrementalRules:
         if len(self._records) != len(fleet) or self._misaligned:
             self._records = dict(fleet)  # same nodes in the same order again
 
+        groups: dict[frozenset[str], list[str]] = {}  # nodes by the fields that moved
+        for name, moved in fields.items():
+            groups.setdefault(moved, []).append(name)
+
         def touching(rule: str) -> set[str]:  # the changed nodes whose input to `rule` moved
             reads = READS[rule]
-            names = {n for n, moved in fields.items() if moved is _ALL_FIELDS or moved & reads}
+            names = {n for moved, of in groups.items() if moved == _ALL_FIELDS or moved & reads
+                     for n in of}  # fmt: skip
             keys = COUNTER_KEYS.get(rule)
             if keys is not None and previous:  # a counter delta that left `keys` as they were
                 names -= {n for n, old in previous.items()
@@ -223,9 +231,8 @@ class IncrementalRules:
             if old is None or new is None:
                 fields[name] = _ALL_FIELDS
             else:
-                fields[name] = frozenset(
-                    f for f in _ALL_FIELDS if getattr(old, f) is not getattr(new, f)
-                )
+                values = zip(_FIELDS, astuple(old), astuple(new), strict=True)
+                fields[name] = frozenset([f for f, a, b in values if a is not b])
         return fields
 
     def _sub(self, names: Iterable[str]) -> tuple[dict[str, NodeRecord], ClusterView]:

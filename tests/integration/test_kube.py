@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -374,3 +376,16 @@ async def test_bad_kubeconfig_is_a_kube_error(tmp_path: Path) -> None:
     config.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
     with pytest.raises(KubeError, match="configuration"):
         await KubeClient.connect(KubeSettings(kubeconfig=config))
+
+
+def test_the_aggregator_without_a_cluster_does_not_import_kubernetes() -> None:
+    # `kubernetes` costs ~0.4 s of every start; it is imported when a KubeClient connects.
+    probe = "import sys, aggregator.cli; print('kubernetes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "False"

@@ -5,15 +5,17 @@ count what they should. No timing is asserted here."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import msgspec  # noqa: E402
 import pytest  # noqa: E402
-from ingest_scale import capacity  # noqa: E402
+from ingest_verdict import analyse, capacity  # noqa: E402
 from loadgen import (  # noqa: E402
     BUSY,
     CounterStream,
@@ -184,3 +186,33 @@ def test_capacity_is_the_largest_node_count_sustained() -> None:
         "smallest_broken_nodes": 10000,
     }
     assert capacity([{"nodes": 100, "sustained": False}], 2.0)["largest_sustained_nodes"] is None
+
+
+def _load(nodes: int, sent: int, late_ms: float = 3.0) -> dict[str, Any]:
+    return {"nodes": nodes, "counters": sent, "late_ms_p99_worst": late_ms, "events": []}
+
+
+def test_a_bare_only_run_gives_bare_figures_and_no_verdict() -> None:
+    args = argparse.Namespace(warmup=2.0, duration=10.0, hz=1.0)
+    lines = [
+        {"t": 100.0 + s, "counts": {"counters": 100 * s}, "errors": {"nats": 0}, "lag_p50_s": 0.01}
+        for s in range(11)
+    ]
+    rows = [{"t": 100.0 + s, "bare_cpu_s": 0.2 * s} for s in range(11)]
+    out = analyse(rows, _load(100, 1000), {}, lines, {}, 100.0, args)
+    assert out["bare_msgs_s"] == 100 and out["bare_cpu_pct"] == 20 and out["bare_lost"] == 0
+    assert out["generator_kept_up"] and "sustained" not in out and "alerts" not in out
+
+
+def test_an_aggregator_only_run_is_judged_on_its_own() -> None:
+    args = argparse.Namespace(warmup=2.0, duration=10.0, hz=1.0)
+    rows = [
+        {"t": 100.0 + s, "applied": 100 * s, "cpu_s": 0.5 * s, "lag_s": [0.01], "age_s": [0.5]}
+        for s in range(11)
+    ]
+    final = {"messages:counters": 1000.0}
+    out = analyse(rows, _load(100, 1000), final, None, {}, 100.0, args)
+    assert out["aggregator_msgs_s"] == 100 and out["aggregator_cpu_pct"] == 50
+    assert out["sustained"] and out["aggregator_lost"] == 0 and "bare_msgs_s" not in out
+    late = analyse(rows, _load(100, 1000, late_ms=900.0), final, None, {}, 100.0, args)
+    assert not late["sustained"] and not late["generator_kept_up"]
