@@ -52,8 +52,13 @@ def _fw_tally(peer: Peer) -> Iterator[Vote]:
 
 
 def _fw_settle(counts: Mapping[Hashable, int]) -> Hashable:
-    # (fleet majority, versions seen, adapters of the model)
-    return majority_of(counts), ",".join(sorted(cast(str, v) for v in counts)), sum(counts.values())
+    # (fleet majority, versions seen, more than one adapter of the model). Not the count
+    # itself: a fact that moved with every joining node would re-judge the whole model.
+    return (
+        majority_of(counts),
+        ",".join(sorted(cast(str, v) for v in counts)),
+        sum(counts.values()) > 1,
+    )
 
 
 def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
@@ -70,8 +75,8 @@ def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
         if not d.fw_ver:
             continue
         model = model_of(d)
-        in_fleet, seen, peers = cast(tuple[str | None, str, int], facts[model])
-        if peers < 2 or (d.fw_ver == in_fleet and len(set(node_fw[model])) == 1):
+        in_fleet, seen, several = cast(tuple[str | None, str, bool], facts[model])
+        if not several or (d.fw_ver == in_fleet and len(set(node_fw[model])) == 1):
             continue  # as the fleet and every adapter of its model in the node: no skew
         if model not in in_node:
             in_node[model] = majority(node_fw[model])

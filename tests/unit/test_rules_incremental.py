@@ -274,7 +274,7 @@ CX7 = "0x1021"
         (
             versions.FW_SKEW,
             [node("a"), node("b", adapter(fw="28.39.1002"))],
-            {CX7: (None, "28.39.1002,28.41.1000", 2)},
+            {CX7: (None, "28.39.1002,28.41.1000", True)},
         ),
         (
             versions.DRIVER_SKEW,
