@@ -8,7 +8,8 @@ Until a taken-over node is heard from again (or `grace_s`), its firing alerts ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
@@ -23,6 +24,7 @@ from aggregator.alerts.setup import AlertWiring
 from aggregator.alerts.store import AlertStore
 from aggregator.changes import Subscription
 from aggregator.cluster import ClusterView
+from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
 from aggregator.rules.finding import Finding
 from aggregator.store import open_bucket
@@ -30,13 +32,20 @@ from proto import subjects
 from proto.messages import Alert
 from proto.policy import Policy
 
+log = logging.getLogger(__name__)
+
 Scope = tuple[frozenset[int], bool]  # (partitions held, leading)
+States = dict[str, Tracked]
 SyncEvaluate = Callable[[Fleet, tuple[Policy, ...], ClusterView, float], Sequence[Finding]]
+AsyncEvaluate = Callable[
+    [Fleet, tuple[Policy, ...], ClusterView, float], Awaitable[Sequence[Finding]]
+]
 
 
 class AlertScope:
     """Which alert keys this replica owns: nodes of the held partitions, plus fleet-level
-    ones (`_fleet`) while it leads. Pure apart from the two callables it reads."""
+    ones (`_fleet`) while it leads. One scope is read per engine cycle (at evaluation) and
+    used for the filter, the pause decision and the reload alike."""
 
     def __init__(
         self,
@@ -49,9 +58,13 @@ class AlertScope:
     ) -> None:
         self._count, self._held, self._leading = partitions, held, leading
         self._clock, self._grace_s = clock, grace_s
-        self._loaded: Scope | None = None  # the scope the engine's states were loaded for
+        self._cycle: Scope | None = None  # read by this cycle's evaluation
+        self._loaded: Scope | None = None  # the scope the engine's states are (to be) for
+        self._reload_due = False  # the engine reloads its states in the next stepping cycle
+        self._prefetched: States | None = None  # what that reload returns
         self._taken_at: dict[int | None, float] = {}  # partition (None: leadership) -> since
         self.states: Callable[[], Mapping[str, Tracked]] = dict  # the engine's, once wired
+        self.loader: Callable[[Scope], Awaitable[States]] | None = None  # the store's
         # Everything the last evaluation found, owned or not (`/api/v1/shards`): fleet-level
         # findings are computed by every replica alike, only the leader alerts on them.
         self.computed: tuple[Finding, ...] = ()
@@ -59,6 +72,10 @@ class AlertScope:
 
     def current(self) -> Scope:
         return self._held(), self._leading()
+
+    @property
+    def loaded(self) -> Scope:
+        return self._loaded if self._loaded is not None else self.current()
 
     def owns(self, node: str | None, scope: Scope | None = None) -> bool:
         held, leading = scope if scope is not None else self.current()
@@ -73,18 +90,26 @@ class AlertScope:
     def engine_may_step(self) -> bool:
         """The engine's `is_leader`: False for one cycle after the scope changed, so the
         next cycle reloads the states of the new scope (AlertEngine does it on takeover)."""
-        now = self.current()
-        if now != self._loaded:
-            before = self._loaded or (frozenset(), False)
-            at = self._clock()
-            for partition in now[0] - before[0]:
-                self._taken_at[partition] = at
-            if now[1] and not before[1]:
-                self._taken_at[None] = at
-            self._loaded = now
-            self.reloads += 1
-            return False
-        return True
+        scope = self._cycle if self._cycle is not None else self.current()
+        if scope == self._loaded:
+            return True
+        before = self._loaded or (frozenset(), False)
+        at = self._clock()
+        for partition in scope[0] - before[0]:
+            self._taken_at[partition] = at
+        if scope[1] and not before[1]:
+            self._taken_at[None] = at
+        self._loaded, self._reload_due, self._prefetched = scope, True, None
+        self.reloads += 1
+        return False
+
+    def take_prefetched(self) -> States | None:
+        """The states of the reload in progress (once), when the evaluation fetched them."""
+        prefetched, self._prefetched = self._prefetched, None
+        return prefetched
+
+    def reloaded(self) -> None:
+        self._reload_due = False
 
     def _in_grace(self, node: str, fleet: Fleet, now: float) -> bool:
         """A taken-over node not heard from since (snapshot and counters), within grace."""
@@ -102,17 +127,26 @@ class AlertScope:
         )
         return not fresh
 
-    def evaluate(self, inner: SyncEvaluate) -> SyncEvaluate:
-        """`inner` with the findings this replica does not own left out."""
+    def evaluate(self, inner: SyncEvaluate) -> AsyncEvaluate:
+        """`inner` with the findings this replica does not own left out, and the firing
+        alerts of taken-over nodes kept while they are in grace."""
 
-        def evaluate(
+        async def evaluate(
             fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float
         ) -> Sequence[Finding]:
-            scope = self.current()
+            scope = self._cycle = self.current()
+            states: Mapping[str, Tracked] = self.states()
+            if scope == self._loaded and self._reload_due and self.loader is not None:
+                # The engine loads these states after this evaluation: judge grace on them.
+                try:
+                    self._prefetched = await self.loader(scope)
+                    states = self._prefetched
+                except StoreError as exc:
+                    log.warning("cannot prefetch alert states: %s (the engine retries)", exc)
             self.computed = tuple(inner(fleet, policies, cluster, now))
             found = [f for f in self.computed if self.owns(f.node, scope)]
             seen = {(f.rule, f.node or FLEET_NODE, f.subject) for f in found}
-            for state in self.states().values():
+            for state in states.values():
                 a = state.alert
                 if state.phase != "firing" or (a.rule, a.node, a.subject) in seen:
                     continue
@@ -136,15 +170,23 @@ def _kept(alert: Alert) -> Finding:
 
 
 class ScopedAlertStore(AlertStore):
-    """`AlertStore` whose `load` returns only the states this replica owns."""
+    """`AlertStore` whose `load` returns only the states of the scope being loaded."""
 
     def __init__(self, kv: KeyValue, scope: AlertScope) -> None:
         super().__init__(kv)
         self._scope = scope
+        scope.loader = self.load_for
 
-    async def load(self) -> dict[str, Tracked]:
+    async def load_for(self, scope: Scope) -> States:
         states = await super().load()
-        return {k: s for k, s in states.items() if self._scope.owns(s.alert.node)}
+        return {k: s for k, s in states.items() if self._scope.owns(s.alert.node, scope)}
+
+    async def load(self) -> States:
+        states = self._scope.take_prefetched()
+        if states is None:
+            states = await self.load_for(self._scope.loaded)
+        self._scope.reloaded()
+        return states
 
 
 async def open_sharded_alert_engine(

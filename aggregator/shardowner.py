@@ -37,6 +37,8 @@ from proto.policy import Policy
 log = logging.getLogger(__name__)
 
 KV_SHARDS: Final = "nicfleet-shards"
+_START_ATTEMPTS: Final = 60
+_START_RETRY_S: Final = 0.5  # a retry pause (not a wait for a condition: nothing to wait on)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -144,7 +146,17 @@ class ShardOwner:
                 replicas=self._settings.replicas,
             )
         await self._nc.subscribe(subjects.SHARD_SUMMARY_WILDCARD, cb=self._on_summary)
-        await self.tick(first=True)
+        # A JetStream cluster that is still forming answers the first puts with no response
+        # (measured: a replica exited at start); retry for a while, then give up loudly.
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                await self.tick(first=True)
+                return
+            except (TimeoutError, NatsError, JetStreamError) as exc:
+                if attempt == _START_ATTEMPTS - 1:
+                    raise
+                log.info("shard heartbeat at start: %r; retrying", exc)
+                await asyncio.sleep(_START_RETRY_S)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Heartbeat and re-plan every `heartbeat_s`, in two loops: a takeover's KV load

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -165,6 +166,19 @@ def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def reconcile_totals(api_url: str) -> tuple[float, float]:
+    """(rounds, seconds) of the aggregator's reconcile rounds so far, from /metrics."""
+    with urllib.request.urlopen(f"{api_url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {"count": 0.0, "sum": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        for part in found:
+            if name == f"nicfleet_reconcile_duration_seconds_{part}":
+                found[part] = float(value)
+    return found["count"], found["sum"]
+
+
 def nats_server_pid() -> int:
     """The nats-server this process started (NatsServer does not expose its pid)."""
     found = subprocess.run(["pgrep", "-P", str(os.getpid()), "nats-server"],
@@ -209,6 +223,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ))  # fmt: skip
         aggregator_pid, server_pid = procs[0].pid, nats_server_pid()
         await wait_file(agg_ready, procs[0], 30)
+        api_url = json.loads(agg_ready.read_text())["api_url"]
         latest: dict[str, int] = {}
         arrivals: dict[str, float] = {}
         target = [1]
@@ -245,18 +260,22 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             target[0] = generation
             t0 = time.time()
             cpu0 = cpu_s(aggregator_pid), cpu_s(server_pid)
+            rounds0 = await asyncio.to_thread(reconcile_totals, api_url)
             tmp = policy.with_name("policy.yaml.tmp")
             tmp.write_text(policy_text(generation))
             tmp.replace(policy)
             await wait_all(latest, args.agents, generation, timeout=60 + args.agents / 50)
             lat = [arrivals[n] - t0 for n in arrivals]
             await asyncio.sleep(args.pause)  # let the fleet settle between changes
+            rounds = await asyncio.to_thread(reconcile_totals, api_url)
             changes.append({
                 "p50_s": round(quantile(lat, 0.5), 3), "p99_s": round(quantile(lat, 0.99), 3),
                 "all_s": round(max(lat), 3), "first_s": round(min(lat), 3), "nodes": len(lat),
                 # CPU from the file write to the end of the pause (the statuses' ingest too)
                 "aggregator_cpu_s": round(cpu_s(aggregator_pid) - cpu0[0], 3),
                 "nats_server_cpu_s": round(cpu_s(server_pid) - cpu0[1], 3),
+                "reconcile_rounds": int(rounds[0] - rounds0[0]),
+                "reconcile_s": round(rounds[1] - rounds0[1], 3),
             })  # fmt: skip
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
@@ -282,6 +301,8 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "median_spread_s": round(statistics.median(c["all_s"] - c["first_s"] for c in changes), 3),
         "median_aggregator_cpu_s": statistics.median(c["aggregator_cpu_s"] for c in changes),
         "median_nats_server_cpu_s": statistics.median(c["nats_server_cpu_s"] for c in changes),
+        "median_reconcile_rounds": statistics.median(c["reconcile_rounds"] for c in changes),
+        "median_reconcile_s": statistics.median(c["reconcile_s"] for c in changes),
         "tree": str(args.tree),
         "target_p99_s": TARGET_P99_S,
         "setup_s": round(setup_s, 1),

@@ -118,8 +118,9 @@ def measure(nodes: int, runs: int, samples: int) -> dict[str, object]:
     }
 
 
-def steady(nodes: int, rounds: int, per_cycle: int) -> dict[str, object]:
-    """CPU of `AlertEngine.cycle` per node-change, every node one busy delta per round."""
+def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict[str, object]:
+    """CPU of `AlertEngine.cycle` per node-change, every node one busy delta per round;
+    with `down_every`, every such node has a port down (a firing alert) throughout."""
     from loadgen import NodeShape, build_templates
     from prometheus_client import CollectorRegistry
 
@@ -142,6 +143,11 @@ def steady(nodes: int, rounds: int, per_cycle: int) -> dict[str, object]:
         fleet.apply_snapshot(msgspec.structs.replace(snap, node=name, collected_at=NOW), NOW)
         batch = msgspec.structs.replace(full, node=name, seq=1, collected_at=NOW)
         fleet.apply_counters(batch, received_at=NOW)
+    for name in names[::down_every] if down_every else ():
+        down = LinkEvent(node=name, seq=1, kind="port-state", device=tpl.device, port=1,
+                         old_state="ACTIVE", new_state="DOWN", phys_state="Disabled",
+                         observed_at=NOW)  # fmt: skip
+        fleet.apply_event(down, received_at=NOW)
     clock = [NOW]
     engine = AlertEngine(
         fleet=fleet, changes=ChangeFeed().subscribe(), evaluate=AllRules().evaluate_async,
@@ -175,6 +181,7 @@ def steady(nodes: int, rounds: int, per_cycle: int) -> dict[str, object]:
     return {
         "nodes": nodes,
         "per_cycle": per_cycle,
+        "down_every": down_every,
         "rounds": rounds,
         "findings": len(engine.findings),
         "delta_keys_known": record.counters_delta is not None,
@@ -194,10 +201,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="--steady: rounds (seconds)")
     parser.add_argument("--per-cycle", type=int, nargs="+", default=[1, 100],
                         help="--steady: node changes per engine cycle")  # fmt: skip
+    parser.add_argument("--down-every", type=int, default=0,
+                        help="--steady: every n-th node has a port down (0: none)")  # fmt: skip
     args = parser.parse_args()
     if args.steady:
         steady_results = [
-            steady(n, args.rounds, min(k, n)) for n in args.nodes for k in args.per_cycle
+            steady(n, args.rounds, min(k, n), args.down_every)
+            for n in args.nodes
+            for k in args.per_cycle
         ]
         print(json.dumps({"steady": steady_results}, indent=None if args.json else 1))
         return

@@ -1,8 +1,9 @@
 """The `data-quality` rule: input the other rules cannot judge — no snapshot, unreadable
 files, unknown port states, absurd values, NaN/negative rates, saturated or reset counters.
 
-Pure. Such input never passes silently as "all clear": it becomes one warning per node and
-subject, listing every problem found there.
+Pure in effect. Such input never passes silently as "all clear": it becomes one warning per
+node and subject, listing every problem found there. Over a counter delta whose base was
+seen, only the delta's keys are read (NodeRecord.counters_delta; the rest is the base's).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ Pure: `now` is passed in. New policies, cluster labels or thresholds start over
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from itertools import compress
+from operator import is_not
 from typing import Final, cast
 
 from msgspec.structs import astuple
@@ -74,6 +76,7 @@ class IncrementalRules:
         self._units: dict[UnitKey, tuple[Finding, ...]] = {}
         self._broken: dict[str, set[Hashable]] = {}  # rule -> nodes/groups it raised on
         self._failing: frozenset[str] = frozenset()
+        self._enabled: frozenset[str] = frozenset()  # rules enabled by the thresholds
         self._peers: dict[str, PeerTally] = {}
         self._due: dict[str, DueNodes] = {}
         self._out = SortedFindings()
@@ -110,6 +113,9 @@ class IncrementalRules:
     def pending(self, fleet: Mapping[str, NodeRecord]) -> int:
         """How many nodes changed (or came or went) since the last call: its cost."""
         records = self._records
+        if len(records) == len(fleet) and not self._misaligned:
+            # Pairwise, in C (see `_changed_fields`); one node came and another went: more.
+            return sum(map(is_not, fleet.values(), records.values()))
         changed = sum(1 for name, record in fleet.items() if records.get(name) is not record)
         return changed + sum(1 for name in records if name not in fleet)
 
@@ -128,9 +134,10 @@ class IncrementalRules:
         self._fleet, self._policies, self._cluster = fleet, policies, cluster
         self._now, self._thresholds = now, thresholds
         self._changed_units: dict[UnitKey, tuple[Finding, ...]] = {}
-        enabled = {rule for rule, _ in ALL_RULES if thresholds.enabled(rule)}
-        if not self._same_context(policies, cluster, thresholds):
+        fresh = not self._same_context(policies, cluster, thresholds)
+        if fresh:
             self._start_over()
+            self._enabled = frozenset(r for r, _ in ALL_RULES if thresholds.enabled(r))
             fields = dict.fromkeys(fleet, _ALL_FIELDS)
         else:
             fields = self._changed_fields(fleet)
@@ -160,6 +167,7 @@ class IncrementalRules:
                           if same_counter_inputs(old, fleet[n], keys)}  # fmt: skip
             return names
 
+        enabled = self._enabled
         for rule in NODE_RULES:
             if rule in enabled and rule not in TIME_RULES:
                 self._check_abandon()
@@ -171,7 +179,7 @@ class IncrementalRules:
         for rule, peer_rule in PEER_RULES.items():
             if rule in enabled:
                 self._check_abandon()
-                self._run_peer(peer_rule, touching(rule))
+                self._run_peer(peer_rule, touching(rule), fresh)
         self._publish(enabled)
         return self._out.items()
 
@@ -217,8 +225,7 @@ class IncrementalRules:
             # Both dicts hold the same nodes in the same order, unless one came and another
             # went: a pairwise identity check is then exact and needs no lookups (one record
             # object is never stored under two names).
-            pairs = zip(fleet.items(), records.values(), strict=True)
-            candidates = [name for (name, record), old in pairs if record is not old]
+            candidates = list(compress(fleet, map(is_not, fleet.values(), records.values())))
         else:
             candidates = list(fleet)
         changed = {name for name in candidates if records.get(name) is not fleet[name]}
@@ -305,7 +312,9 @@ class IncrementalRules:
             name=name, record=self._fleet[name], selecting=selecting, policies=self._policies
         )
 
-    def _run_peer(self, rule: PeerRule, changed: set[str]) -> None:
+    def _run_peer(self, rule: PeerRule, changed: set[str], fresh: bool) -> None:
+        if not changed and not fresh:
+            return  # no vote moved: its facts, judgements and conclusion stand
         tally, broken = self._peers[rule.rule], self._broken.setdefault(rule.rule, set())
         touched: set[Hashable] = set()
         for name in changed:
@@ -352,7 +361,7 @@ class IncrementalRules:
         else:
             self._units.pop(key, None)
 
-    def _publish(self, enabled: set[str]) -> None:
+    def _publish(self, enabled: frozenset[str]) -> None:
         failing = frozenset(rule for rule, keys in self._broken.items() if keys and rule in enabled)
         for rule in failing:  # a rule that raised: its data-quality finding, exactly as
             found = _dedup(run_rule(rule, self._fleet, self._policies, self._cluster,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -199,3 +200,37 @@ def test_every_counter_rule_declares_keys_the_catalog_knows() -> None:
     assert set(COUNTER_KEYS) == {"counter-errors", "retries-exceeded", "cc-misconfigured",
                                  "link-flap"}  # fmt: skip
     assert all(keys and all("/" in k for k in keys) for keys in COUNTER_KEYS.values())
+
+
+@pytest.mark.parametrize(
+    ("rates", "counters"),
+    [
+        ({"rx_bytes": 1e6}, {}),  # busy, fine
+        ({"rx_bytes": math.nan}, {}),
+        ({"rx_bytes": math.inf, "counters/port_xmit_data": 5.0}, {}),
+        ({"counters/port_xmit_data": -1.0}, {}),
+        ({}, {"link_downed": -2}),  # a negative counter without a rate
+        ({"counters/link_downed": 0.0}, {"link_downed": -2}),  # ... with a fine rate
+        ({"counters/symbol_error": 50.0}, {"symbol_error": 9}),  # an error counter moves
+        ({"hw_counters/rp_cnp_ignored": 3.0}, {}),
+    ],
+)
+def test_a_delta_over_a_clean_base_is_judged_like_the_full_batch(
+    rates: dict[str, float], counters: dict[str, int]
+) -> None:
+    fleet, incremental = Fleet(), IncrementalRules()
+    clean = {"rx_bytes": 0.0, "counters/port_xmit_data": 0.0, "counters/symbol_error": 0.0}
+    ports = [port_counters(d, p, rates=clean, counters={"link_downed": 0}) for d, p in PORTS]
+    base = msgspec.structs.replace(batch("n0", *ports), seq=10)
+    fleet.apply_counters(base, T0)
+    assert incremental.evaluate(fleet.view(), now=T0) == evaluate(erased(fleet), now=T0)
+    changed = tuple(
+        msgspec.structs.replace(p, rates=p.rates | rates, counters=p.counters | counters)
+        for p in base.ports
+    )
+    delta = delta_against(base, msgspec.structs.replace(base, seq=11, ports=changed))
+    assert delta is not None
+    record = fleet.apply_counters(delta, T0 + 1)
+    assert record.counters_delta is not None  # the delta path is the one judged
+    found = incremental.evaluate(fleet.view(), now=T0 + 1)
+    assert found == evaluate(erased(fleet), now=T0 + 1)

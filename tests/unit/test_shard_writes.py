@@ -12,21 +12,25 @@ import nats
 import pytest
 import schemathesis
 from aiohttp.test_utils import make_mocked_request
+from prometheus_client import CollectorRegistry
 
 from agent.control import ResyncControl
 from agent.resync import ResyncPolicy
 from aggregator import __version__
-from aggregator.alerts.lifecycle import FLEET_NODE, Tracked
+from aggregator.alerts.engine import EngineSettings
+from aggregator.alerts.lifecycle import FLEET_NODE, Tracked, fingerprint
+from aggregator.alerts.setup import AlertWiring
+from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import Fleet
 from aggregator.natsserver import NatsServer
 from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
-from aggregator.shardalerts import AlertScope, ScopedAlertStore
+from aggregator.shardalerts import AlertScope, ScopedAlertStore, open_sharded_alert_engine
 from aggregator.shardfleet import WholeFleet
 from aggregator.shardroutes import node_of
-from aggregator.store import StoredNode
+from aggregator.store import StoredNode, open_bucket
 from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import Alert, ResyncRequest
@@ -76,7 +80,7 @@ def test_every_alert_key_has_exactly_one_owner_among_the_replicas() -> None:
     assert scopes[1].owns("Not_A_Node") is True
 
 
-def test_findings_are_filtered_to_the_owned_keys() -> None:
+async def test_findings_are_filtered_to_the_owned_keys() -> None:
     held = {part("gpu-001")}
     scope = scope_with(held, leading=False)
 
@@ -86,8 +90,9 @@ def test_findings_are_filtered_to_the_owned_keys() -> None:
         return [finding("gpu-001"), finding(None, "selector-matches-nothing"),
                 *(finding(n) for n in NODES if part(n) not in held)]  # fmt: skip
 
-    found = scope.evaluate(inner)(Fleet(), (), NO_CLUSTER, 0.0)
+    found = await scope.evaluate(inner)(Fleet(), (), NO_CLUSTER, 0.0)
     assert [f.node for f in found] == ["gpu-001"]
+    assert len(scope.computed) == len(inner(Fleet(), (), NO_CLUSTER, 0.0))  # all, for /shards
 
 
 def test_a_scope_change_pauses_the_engine_once_so_it_reloads() -> None:
@@ -105,7 +110,7 @@ def test_a_scope_change_pauses_the_engine_once_so_it_reloads() -> None:
     assert scope.reloads == 3
 
 
-def test_taken_over_alerts_stay_firing_until_the_node_is_heard_from() -> None:
+async def test_taken_over_alerts_stay_firing_until_the_node_is_heard_from() -> None:
     clock = Now()
     node = "gpu-005"
     held: set[int] = set()
@@ -119,11 +124,11 @@ def test_taken_over_alerts_stay_firing_until_the_node_is_heard_from() -> None:
     scope.states = lambda: states
     fleet = Fleet()
     evaluate = scope.evaluate(lambda *_: ())
-    kept = evaluate(fleet, (), NO_CLUSTER, 2001.0)
+    kept = await evaluate(fleet, (), NO_CLUSTER, 2001.0)
     assert [(f.rule, f.node, f.subject) for f in kept] == [("port-down", node, "mlx5_0/1")]
     fleet.apply_snapshot(snapshot(node), 2002.0)  # snapshot only: counters still missing
-    assert len(evaluate(fleet, (), NO_CLUSTER, 2003.0)) == 1
-    assert evaluate(fleet, (), NO_CLUSTER, 2031.0) == []  # grace over: the finding decides
+    assert len(await evaluate(fleet, (), NO_CLUSTER, 2003.0)) == 1
+    assert await evaluate(fleet, (), NO_CLUSTER, 2031.0) == []  # grace over: findings decide
 
 
 def test_agent_answers_only_a_scoped_request_for_its_partition() -> None:
@@ -303,5 +308,69 @@ async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
             await wait_until(lambda: not whole.synced and list(whole.view()) == ["gpu-001"],
                              timeout=10, what="released on losing the lease")  # fmt: skip
             stop.set()
+    finally:
+        await nc.close()
+
+
+async def test_takeover_keeps_the_firing_alert_without_resending_or_resolving(
+    own_nats: NatsServer,
+) -> None:
+    """A real engine: a replica takes over the partition of a node whose alert the dead
+    holder persisted as firing; the node is not heard from yet (its finding is absent)."""
+    node = "gpu-005"
+    clock = Now()
+    nc = await nats.connect(own_nats.url)
+    sent: list[Alert] = []
+
+    async def on_alert(msg: nats.aio.msg.Msg) -> None:
+        sent.append(decode(msg.data, Alert))
+
+    try:
+        await nc.subscribe(subjects.ALERT_WILDCARD, cb=on_alert)
+        kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
+        alert = Alert(rule="port-down", severity="critical", state="firing", node=node,
+                      subject="mlx5_0/1", message="down", starts_at=900.0,
+                      fingerprint=fingerprint("port-down", node, "mlx5_0/1"))  # fmt: skip
+        theirs = firing("gpu-999")  # another replica's node: never loaded here
+        await kv.put(alert.fingerprint, encode(Tracked(phase="firing", alert=alert)))
+        await kv.put(theirs.alert.fingerprint, encode(theirs))
+        held: set[int] = {part("gpu-999") + 1}
+        assert part(node) not in held and part("gpu-999") not in held
+        scope = AlertScope(P, held=lambda: frozenset(held), leading=lambda: False,
+                           clock=clock, grace_s=30.0)  # fmt: skip
+        cycles = [0]
+
+        def nothing_found(*_: object) -> Sequence[Finding]:  # the node is not heard from
+            cycles[0] += 1
+            return ()
+
+        engine = await open_sharded_alert_engine(
+            nc=nc, fleet=Fleet(), changes=ChangeFeed().subscribe(), policies=lambda: (),
+            cluster=lambda: NO_CLUSTER, registry=CollectorRegistry(), clock=clock,
+            wiring=AlertWiring(engine=EngineSettings(tick_s=0.02)), evaluate=nothing_found,
+            timings=None, scope=scope,
+        )  # fmt: skip
+
+        async def cycles_after(n: int) -> None:
+            target = cycles[0] + n
+            await wait_until(lambda: cycles[0] >= target, timeout=10, what=f"{n} cycles")
+
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(engine.run(stop))
+            await cycles_after(3)  # paused, then loaded the (empty) scope
+            assert engine.states == {} and scope.reloads == 1
+            held.add(part(node))  # the takeover
+            await cycles_after(4)  # paused, reloaded (grace judged on what it loads), stepped
+            assert scope.reloads == 2
+            assert set(engine.states) == {alert.fingerprint}
+            assert engine.states[alert.fingerprint].phase == "firing"
+            await nc.flush()
+            assert sent == []  # neither re-sent nor resolved
+            clock.t += 31  # grace over, the node never came back: its alert resolves, once
+            await wait_until(lambda: [a.state for a in sent] == ["resolved"], timeout=5,
+                             what="one resolved transition")  # fmt: skip
+            stop.set()
+        assert (await kv.get(theirs.alert.fingerprint)).value == encode(theirs)  # untouched
     finally:
         await nc.close()
