@@ -28,8 +28,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def node_of(request: web.Request) -> str | None:
-    """The node a forwardable GET asks about, else None."""
-    if request.method != "GET":
+    """The node a forwardable GET (or HEAD) asks about, else None."""
+    if request.method not in ("GET", "HEAD"):
         return None
     path = request.path
     if path.startswith(_NODE_PREFIX) and "/" not in path[len(_NODE_PREFIX) :]:
@@ -81,7 +81,8 @@ def add_shard_routes(
         headers = {h: request.headers[h] for h in _PASSED_HEADERS if h in request.headers}
         headers[FORWARDED_BY] = owner.me
         try:
-            async with session[0].get(url + request.path_qs, headers=headers) as reply:
+            target = url + request.path_qs
+            async with session[0].request(request.method, target, headers=headers) as reply:
                 body = await reply.read()
                 passed = {SERVED_BY: reply.headers.get(SERVED_BY, replica)}
                 if "Content-Type" in reply.headers:

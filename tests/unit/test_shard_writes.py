@@ -11,7 +11,8 @@ import msgspec
 import nats
 import pytest
 import schemathesis
-from aiohttp.test_utils import make_mocked_request
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from prometheus_client import CollectorRegistry
 
 from agent.control import ResyncControl
@@ -20,6 +21,7 @@ from aggregator import __version__
 from aggregator.alerts.engine import EngineSettings
 from aggregator.alerts.lifecycle import FLEET_NODE, Tracked, fingerprint
 from aggregator.alerts.setup import AlertWiring
+from aggregator.api import ApiSettings, build_app
 from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet import Fleet
@@ -29,13 +31,15 @@ from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
 from aggregator.shardalerts import AlertScope, ScopedAlertStore, open_sharded_alert_engine
 from aggregator.shardfleet import WholeFleet
-from aggregator.shardroutes import node_of
+from aggregator.shardowner import ShardOwner
+from aggregator.shardroutes import SERVED_BY, add_shard_routes, node_of
+from aggregator.shards import ShardSettings
 from aggregator.store import StoredNode, open_bucket
 from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import Alert, ResyncRequest
 from proto.policy import Policy
-from tests.builders import plugin_status, snapshot
+from tests.builders import T0, plugin_status, snapshot
 from tests.conftest import wait_until
 
 P = 12
@@ -223,6 +227,7 @@ async def test_takeover_requests_are_merged_and_a_broadcast_wins(nats_server: Na
         ("GET", "/api/v1/resources?node=gpu-003", "gpu-003"),
         ("GET", "/api/v1/resources", None),
         ("POST", "/api/v1/nodes/gpu-001", None),
+        ("HEAD", "/api/v1/nodes/gpu-004", "gpu-004"),
         ("GET", "/api/v1/findings?node=gpu-001", None),
     ],
 )
@@ -374,3 +379,47 @@ async def test_takeover_keeps_the_firing_alert_without_resending_or_resolving(
         assert (await kv.get(theirs.alert.fingerprint)).value == encode(theirs)  # untouched
     finally:
         await nc.close()
+
+
+def replica(name: str, fleet: Fleet) -> ShardOwner:
+    """A ShardOwner that is never started: its plan and peers' URLs are set by the test."""
+    return ShardOwner(
+        nats.NATS(), ShardSettings(partitions=P), identity=name, fleet=fleet,
+        nodes_kv=None,  # type: ignore[arg-type]
+        handle=lambda _s, _d: True, on_change=lambda _n, _k: None, resync=lambda _p: None,
+        clock=Now(),
+    )  # fmt: skip
+
+
+def replica_app(owner: ShardOwner, fleet: Fleet) -> web.Application:
+    app = build_app(fleet=fleet, settings=ApiSettings(), readiness=lambda: (True, "ok"),
+                    clock=lambda: T0)  # fmt: skip
+    add_shard_routes(app, owner, fleet, lambda: ())
+    return app
+
+
+async def test_a_node_request_is_forwarded_once_to_its_holder() -> None:
+    mine, theirs = Fleet(), Fleet()
+    theirs.apply_snapshot(snapshot("gpu-001"), T0)
+    a, b = replica("a", mine), replica("b", theirs)
+    for owner in (a, b):
+        owner.owners = dict.fromkeys(range(P), "b")
+    async with TestServer(replica_app(b, theirs), host="127.0.0.1") as server_b:
+        a.api_urls["b"] = str(server_b.make_url("")).rstrip("/")
+        b.owners = dict.fromkeys(range(P), "a")  # b's plan is stale: must not bounce back
+        b.api_urls["a"] = "http://127.0.0.1:9"  # never called
+        async with TestClient(TestServer(replica_app(a, mine), host="127.0.0.1")) as client:
+            reply = await client.get("/api/v1/nodes/gpu-001")
+            assert reply.status == 200 and reply.headers[SERVED_BY] == "b"
+            assert (await reply.json())["summary"]["name"] == "gpu-001"
+            gone = await client.get("/api/v1/nodes/gpu-002")  # b does not have it either
+            assert gone.status == 404 and gone.headers[SERVED_BY] == "b"
+            bad = await client.get("/api/v1/nodes/Not_A_Node")  # answered here, field named
+            assert bad.status == 400 and (await bad.json())["error"]["field"] == "node"
+            shards = await client.get(SHARD_PATH)
+            assert (await shards.json())["api_urls"] == a.api_urls
+    async with TestClient(TestServer(replica_app(a, mine), host="127.0.0.1")) as client:
+        down = await client.get("/api/v1/nodes/gpu-001")  # b is gone
+        assert down.status == 502
+        assert (await down.json())["error"]["code"] == "http_error"
+        assert (await client.get("/healthz")).status == 200  # still serving
