@@ -165,6 +165,7 @@ class AggregatorService:
         self.validations: ValidationRunner | None = None  # set once NATS is up (run)
         self.resync: ResyncRequester | None = None  # set once node messages are subscribed
         self.shard: ShardOwner | None = None  # sharded: this replica's partitions (run)
+        self._advertised: str | None = None  # the API URL in the shard heartbeat
         # Sharded: every finding this replica computed (its alerts: only the owned ones).
         self._computed: Callable[[], Sequence[Finding]] = self._findings
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
@@ -244,7 +245,7 @@ class AggregatorService:
                     nc, self.settings.shards, identity=self.settings.identity, fleet=self.fleet,
                     nodes_kv=kv, handle=ingest.handle, on_change=self.changes.publish,
                     resync=lambda held: resync.request_partitions(held, parts), clock=self.clock,
-                    extra=lambda: self.nvidia_findings, api_url=lambda: self.api_url,
+                    extra=lambda: self.nvidia_findings, api_url=self._advertised_api_url,
                 )  # fmt: skip
                 await self.shard.start()
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
@@ -411,6 +412,22 @@ class AggregatorService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.5)
         return None
+
+    def _advertised_api_url(self) -> str | None:
+        """The API URL peers forward node requests to (sharded): `shards.advertise_url`,
+        else the bound one — with a wildcard listen address, this host's address."""
+        if self.settings.shards.advertise_url or self.api_url is None:
+            return self.settings.shards.advertise_url or self.api_url
+        if self.settings.listen_host not in ("", "0.0.0.0", "::"):
+            return self.api_url
+        if self._advertised is None:
+            try:  # in a pod, the hostname resolves to the pod IP (/etc/hosts)
+                address = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                address = "127.0.0.1"
+            port = self.api_url.rsplit(":", 1)[1]
+            self._advertised = f"http://{_url_host(address)}:{port}"
+        return self._advertised
 
     def _ask_resync(self, reason: ResyncReason) -> None:
         """Every agent, or (sharded) only the agents of the partitions held here."""

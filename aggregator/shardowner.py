@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from aggregator.alerts.setup import AllRules
@@ -202,16 +202,23 @@ class ShardOwner:
         self._merge()
 
     async def _heartbeats(self, now: float) -> Mapping[str, float]:
-        """Replica -> when (by our clock) its heartbeat entry last changed."""
+        """Replica -> when (by our clock) its heartbeat entry last changed.
+
+        nats-py's key listing can miss keys under load (measured: survivors of a SIGKILL
+        took each other for dead and took each other's partitions, one tick at a time), so
+        a known replica missing from a listing is read by key: only a deleted entry (a
+        clean leave) drops it at once, else its TTL decides."""
         assert self._kv is not None
         try:
-            keys = await self._kv.keys()
+            listed = set(await self._kv.keys())
         except NoKeysError:
-            keys = []
-        for key in keys:
+            listed = set()
+        for key in sorted(listed | self._seen.keys()):
             try:
                 entry = await self._kv.get(key)
-            except KeyNotFoundError:
+            except (KeyNotFoundError, KeyDeletedError):
+                self._seen.pop(key, None)
+                self.api_urls.pop(key, None)
                 continue
             revision = entry.revision or 0
             with contextlib.suppress(CodecError):
@@ -221,9 +228,6 @@ class ShardOwner:
             seen = self._seen.get(key)
             if seen is None or seen[0] != revision:
                 self._seen[key] = (revision, now)
-        for key in self._seen.keys() - set(keys):
-            del self._seen[key]
-            self.api_urls.pop(key, None)
         return {replica: at for replica, (_, at) in self._seen.items()}
 
     async def _hold(self, wanted: frozenset[int], *, first: bool) -> None:

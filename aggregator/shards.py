@@ -22,6 +22,9 @@ class ShardSettings:
     heartbeat_s: float = 1.0  # a replica re-announces itself (and its summary) this often
     ttl_s: float = 6.0  # a replica not heard from for this long is dead
     replicas: int = 1  # copies of the `nicfleet-shards` bucket (`--kv-replicas`)
+    # The API URL peers forward node requests to; None: the bound address (with a wildcard
+    # listen address, this host's address instead).
+    advertise_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 0:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from itertools import chain
+from operator import attrgetter, itemgetter
+from typing import Any, Final, cast
 
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
@@ -131,6 +133,8 @@ def _snapshot_problems(
 # Per port of a counter batch: its bad rates and negative counters, each sorted by key.
 PortBad = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, int], ...]]
 _NO_PROBLEMS: Final[PortBad] = ((), ())  # the one object for a port without problems
+_RATES: Final = attrgetter("rates")
+_COUNTERS: Final = attrgetter("counters")
 # A node's delta base: (base seq, keys not covered, per port the problems of the others).
 # And whether all of those are _NO_PROBLEMS.
 Base = tuple[int, frozenset[str], tuple[PortBad, ...], bool]
@@ -150,7 +154,7 @@ def _port_bad(pc: PortCounters) -> PortBad:
 
 def _port_bad_over(pc: PortCounters, known: PortBad, keys: frozenset[str]) -> PortBad:
     """`_port_bad(pc)` from `known` (the problems outside `keys`) and `pc`'s `keys`."""
-    rate_keys, counter_keys, _ = _split(keys)
+    rate_keys, counter_keys, _, _ = _split(keys)
     isfinite, rates, counters = math.isfinite, pc.rates, pc.counters
     bad = [(k, r) for k in rate_keys
            if (r := rates.get(k)) is not None and (not isfinite(r) or r < 0)]  # fmt: skip
@@ -162,18 +166,27 @@ def _port_bad_over(pc: PortCounters, known: PortBad, keys: frozenset[str]) -> Po
     return tuple(sorted(bad)), tuple(sorted(negative))
 
 
-Split = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
+Values = Callable[[Mapping[str, Any]], tuple[Any, ...]]
+# Sorted keys, the counters' (key, name)s, and a getter of a port's rates and counters of
+# them (all of them in C; KeyError when one is missing).
+Split = tuple[tuple[str, ...], tuple[tuple[str, str], ...], Values, Values]
 _SPLITS: Final[dict[frozenset[str], Split]] = {}
 
 
+def _values(keys: tuple[str, ...]) -> Values:
+    if len(keys) == 1:
+        key = keys[0]
+        return lambda values: (values[key],)
+    return cast(Values, itemgetter(*keys)) if keys else lambda values: ()
+
+
 def _split(keys: frozenset[str]) -> Split:
-    """Delta keys (shared sets: one entry per layout), sorted; the counters' (key, name)s
-    and names."""
+    """Delta keys (shared sets: one entry per layout) as `_ports_bad` reads them."""
     found = _SPLITS.get(keys)
     if found is None:
         ordered = tuple(sorted(keys))
         counters = tuple((k, k[9:]) for k in ordered if k.startswith("counters/"))
-        found = ordered, counters, tuple(name for _, name in counters)
+        found = ordered, counters, _values(ordered), _values(tuple(n for _, n in counters))
         if len(_SPLITS) >= 4096:
             _SPLITS.clear()
         _SPLITS[keys] = found
@@ -196,15 +209,20 @@ def _ports_bad(node: str, record: NodeRecord, batch: CounterBatch) -> tuple[Port
         _remember(node, seq, delta, tuple(_outside(bad, delta) for bad in found))
         return found
     keys = known[1] | delta if known[1] else delta
-    rate_keys, _, names = _split(keys)
+    _, _, rates_of, counters_of = _split(keys)
     if known[3]:
         # Fast path, in C, over all ports at once: every key present, none negative, no
         # rate NaN or infinite (their sum is finite); else `_port_bad_over` sorts it out.
-        rates: list[Any] = [r for pc in batch.ports for r in map(pc.rates.get, rate_keys)]
-        counters: list[Any] = [c for pc in batch.ports for c in map(pc.counters.get, names)]
-        fine = not rates or (None not in rates and min(rates) >= 0 and math.isfinite(sum(rates)))
-        if fine and (not counters or (None not in counters and min(counters) >= 0)):
-            return known[2]
+        ports = batch.ports
+        try:
+            rates = list(chain.from_iterable(map(rates_of, map(_RATES, ports))))
+            counters = list(chain.from_iterable(map(counters_of, map(_COUNTERS, ports))))
+        except KeyError:
+            pass
+        else:
+            fine = not rates or (min(rates) >= 0 and math.isfinite(sum(rates)))
+            if fine and (not counters or min(counters) >= 0):
+                return known[2]
     return tuple(
         _port_bad_over(pc, bad, keys) for pc, bad in zip(batch.ports, known[2], strict=True)
     )

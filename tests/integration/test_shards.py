@@ -32,7 +32,7 @@ from aggregator.shards import partition_of
 from proto import subjects
 from proto.codec import decode, encode
 from proto.inventory import NodeSnapshot
-from proto.messages import Alert, DesiredConfig
+from proto.messages import Alert, DesiredConfig, ResyncRequest
 from proto.policy import Policy, load_policies
 from tests.conftest import wait_until
 from tests.integration.faults import AggregatorProcess
@@ -235,20 +235,27 @@ def replica_processes(
 
 
 @asynccontextmanager
-async def simulated_agents(urls: list[str]) -> AsyncIterator[None]:
+async def simulated_agents(urls: list[str], requests: list[ResyncRequest]) -> AsyncIterator[None]:
     """Every node's snapshot, published through the 3 servers at start and again on each
-    resync request (what real agents do, agent.control)."""
+    resync request that names its partition, or every partition (what real agents do,
+    agent.control); the requests are recorded."""
     snapshots = {name: encode(lab_snapshot(name)) for name in NODES}
     agents = [await nats.connect(url) for url in urls]
 
-    async def publish_all(msg: Msg | None = None) -> None:
-        for i, name in enumerate(NODES):
+    async def publish(names: list[str]) -> None:
+        for i, name in enumerate(names):
             await agents[i % 3].publish(subjects.node_subject(name, subjects.SNAPSHOT),
                                         snapshots[name])  # fmt: skip
 
+    async def answer(msg: Msg) -> None:
+        request = decode(msg.data, ResyncRequest)
+        requests.append(request)
+        count, wanted = request.partition_count, set(request.partitions)
+        await publish([n for n in NODES if not count or partition_of(n, count) in wanted])
+
     try:
-        await agents[0].subscribe(subjects.CONTROL_RESYNC, cb=publish_all)
-        await publish_all()
+        await agents[0].subscribe(subjects.CONTROL_RESYNC, cb=answer)
+        await publish(list(NODES))
         yield
     finally:
         for nc in agents:
@@ -452,7 +459,8 @@ async def run_and_kill(
         return await fleet.poll() and fleet.held_once()
 
     await wait_until(settled, timeout=30, interval=0.2, what="3 replicas hold all partitions")
-    async with simulated_agents(urls):
+    requests: list[ResyncRequest] = []
+    async with simulated_agents(urls, requests):
 
         async def shared() -> bool:
             return await fleet.poll() and fleet.nodes_once() and fleet.findings() == expected
@@ -464,14 +472,15 @@ async def run_and_kill(
 
         # SIGKILL the replica holding the odd node (whose fw-skew finding needs the
         # other replicas' votes): the survivors take its partitions over.
-        victim, victim_nodes = next(
-            (r, list(v["node_names"]))
+        victim, victim_nodes, victim_held = next(
+            (r, list(v["node_names"]), set(v["held"]))
             for r, v in zip(replicas, fleet.views, strict=True)
             if ODD in v["node_names"]
         )
         await wait_until(lambda: alerts.firings[("fw-skew", ODD, "mlx5_0")] == 1, timeout=30,
                          what="the odd node's alert fired (by its holder)")  # fmt: skip
         victim.kill()
+        asked_before = len(requests)
         survivors = Fleetwide([r for r in replicas if r is not victim])
 
         async def taken_over() -> bool:
@@ -485,4 +494,9 @@ async def run_and_kill(
         await wait_until(taken_over, timeout=15, interval=0.2,
                          what="survivors hold every node, no finding lost")  # fmt: skip
         assert sum(v["takeovers"] for v in survivors.views) > 0
+        # The takeover asked only the killed replica's partitions' agents (they answered:
+        # the simulated agents filter like real ones), never the whole fleet.
+        after = requests[asked_before:]
+        assert after and all(r.partition_count == PARTS for r in after), after
+        assert victim_held <= {p for r in after for p in r.partitions}, after
     return victim_nodes

@@ -29,6 +29,7 @@ from aggregator.natsserver import NatsServer
 from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
+from aggregator.service import AggregatorService, AggregatorSettings
 from aggregator.shardalerts import AlertScope, ScopedAlertStore, open_sharded_alert_engine
 from aggregator.shardfleet import WholeFleet
 from aggregator.shardowner import ShardOwner
@@ -423,3 +424,28 @@ async def test_a_node_request_is_forwarded_once_to_its_holder() -> None:
         assert down.status == 502
         assert (await down.json())["error"]["code"] == "http_error"
         assert (await client.get("/healthz")).status == 200  # still serving
+
+
+@pytest.mark.parametrize(
+    ("listen", "advertise", "bound", "expected"),
+    [
+        ("127.0.0.1", None, "http://127.0.0.1:8081", "http://127.0.0.1:8081"),
+        ("127.0.0.1", "http://agg-1.agg:8080", "http://127.0.0.1:8081", "http://agg-1.agg:8080"),
+        ("0.0.0.0", None, "http://0.0.0.0:8080", None),  # this host's address, never 0.0.0.0
+    ],
+)
+def test_the_heartbeat_advertises_a_reachable_api_url(
+    listen: str, advertise: str | None, bound: str, expected: str | None
+) -> None:
+    service = AggregatorService(
+        AggregatorSettings(
+            listen_host=listen, shards=ShardSettings(partitions=P, advertise_url=advertise)
+        )
+    )
+    service.api_url = bound
+    url = service._advertised_api_url()
+    assert url is not None
+    if expected is not None:
+        assert url == expected
+    else:
+        assert url.startswith("http://") and url.endswith(":8080") and "0.0.0.0" not in url
