@@ -1,18 +1,20 @@
-"""The alert lifecycle of a sharded replica (docs/scaling.md, "Writes"): each replica runs it
-for the nodes of the partitions it holds, and the leader also for fleet-level findings.
-An alert key is persisted only by its owner; when the owned scope changes, the engine
-pauses one cycle and reloads the whole scope from KV `nicfleet-alerts`, so a taken-over
-node's firing alerts continue (not re-sent) and a released node's are left to its holder.
-Until a taken-over node is heard from again (or `grace_s`), its firing alerts are kept.
+"""The alert lifecycle of a sharded replica (docs/scaling.md, "Writes"): run for the nodes
+of the held partitions, and by the leader for fleet-level findings; a key is persisted only
+by its owner. On a scope change the engine pauses a cycle and reloads the scope from KV, so
+taken-over firing alerts continue (not re-sent), kept until the node is heard from again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from nats.aio.client import Client as NatsClient
-from nats.js.kv import KeyValue
+from nats.errors import Error as NatsError
+from nats.js.client import JetStreamContext
+from nats.js.errors import Error as JetStreamError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from prometheus_client import CollectorRegistry
 
 from aggregator.alerts.alertmanager import AlertmanagerSink
@@ -26,9 +28,11 @@ from aggregator.changes import Subscription
 from aggregator.cluster import ClusterView
 from aggregator.errors import StoreError
 from aggregator.fleet import Fleet
+from aggregator.kvread import bucket_keys
 from aggregator.rules.finding import Finding
 from aggregator.store import open_bucket
 from proto import subjects
+from proto.codec import CodecError, decode
 from proto.messages import Alert
 from proto.policy import Policy
 
@@ -169,16 +173,61 @@ def _kept(alert: Alert) -> Finding:
     )
 
 
+async def read_states(
+    js: JetStreamContext, kv: KeyValue, bucket: str = subjects.KV_ALERTS, *, timeout: float = 30.0
+) -> States:
+    """Every decodable state in the bucket, read whole while other replicas write to it
+    (aggregator.kvread; `load_states` lists keys, which misses some: a missed firing alert
+    would fire again)."""
+    pending = await bucket_keys(js, bucket)
+    if not pending:
+        return {}
+    try:
+        watcher = await kv.watchall()
+    except (TimeoutError, NatsError, JetStreamError) as exc:
+        raise StoreError(f"cannot read the alerts bucket: {exc}") from exc
+    states: States = {}
+    try:
+        while pending:
+            try:
+                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            except (TimeoutError, NatsError) as exc:
+                raise StoreError(f"alerts bucket read stalled ({len(pending)} keys left)") from exc
+            if entry is None:
+                continue  # nats-py's end-of-initial-values marker: the keys decide
+            pending.discard(entry.key)
+            if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                states.pop(entry.key, None)
+                continue
+            try:
+                state = decode(entry.value, Tracked)
+            except CodecError as exc:
+                log.warning("skipping undecodable alert state %s: %s", entry.key, exc)
+                continue
+            if state.alert.fingerprint == entry.key:
+                states[entry.key] = state
+        return states
+    finally:
+        with contextlib.suppress(TimeoutError, NatsError, JetStreamError, OSError):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
 class ScopedAlertStore(AlertStore):
     """`AlertStore` whose `load` returns only the states of the scope being loaded."""
 
-    def __init__(self, kv: KeyValue, scope: AlertScope) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        kv: KeyValue,
+        scope: AlertScope,
+        bucket: str = subjects.KV_ALERTS,
+    ) -> None:
         super().__init__(kv)
-        self._scope = scope
+        self._js, self._bucket, self._name, self._scope = js, kv, bucket, scope
         scope.loader = self.load_for
 
     async def load_for(self, scope: Scope) -> States:
-        states = await super().load()
+        states = await read_states(self._js, self._bucket, self._name)
         return {k: s for k, s in states.items() if self._scope.owns(s.alert.node, scope)}
 
     async def load(self) -> States:
@@ -226,7 +275,7 @@ async def open_sharded_alert_engine(
         metrics=metrics,
         broker=broker,
         nc=nc,
-        store=ScopedAlertStore(kv, scope),
+        store=ScopedAlertStore(nc.jetstream(), kv, scope),
         alertmanager=sink,
         events=events,
         timings=timings,

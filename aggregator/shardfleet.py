@@ -16,14 +16,17 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from aggregator.fleet import Fleet, NodeRecord
 from aggregator.ingest import Ingest
+from aggregator.kvread import bucket_keys
 from aggregator.metrics import Metrics
 from aggregator.shardowner import node_subject_of
 from aggregator.store import StoredNode
+from proto import subjects
 from proto.codec import CodecError, decode
 from proto.subjects import STATUS, partition_subject
 
@@ -35,9 +38,11 @@ class WholeFleet(Fleet):
     now: their holders judge staleness (agent-stale), the KV copy is refreshed only when
     a snapshot changes."""
 
-    def __init__(self, own: Fleet, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, own: Fleet, clock: Callable[[], float], bucket: str = subjects.KV_NODES
+    ) -> None:
         super().__init__()
-        self._own, self._clock = own, clock
+        self._own, self._clock, self._bucket = own, clock, bucket
         self.synced = False  # the KV pass reached the bucket's last sequence
 
     def view(self) -> Mapping[str, NodeRecord]:
@@ -87,15 +92,17 @@ class WholeFleet(Fleet):
 
         status = await nc.subscribe(partition_subject("*", "*", STATUS), cb=on_status)
         try:
-            await self._watch(stop, leading, kv)
+            await self._watch(stop, leading, kv, nc.jetstream())
         finally:
             with contextlib.suppress(TimeoutError, NatsError, OSError):
                 await status.unsubscribe()
 
-    async def _watch(self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue) -> None:
-        last = (await kv.status()).stream_info.state.last_seq or 0
+    async def _watch(
+        self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, js: JetStreamContext
+    ) -> None:
+        pending = await bucket_keys(js, self._bucket)  # synced once each was delivered
         watcher = await kv.watchall()
-        self.synced = last == 0
+        self.synced = not pending
         try:
             while leading.is_set() and not stop.is_set():
                 try:
@@ -103,9 +110,10 @@ class WholeFleet(Fleet):
                 except (TimeoutError, NatsError):
                     continue
                 if entry is None:
-                    continue  # end of initial values: the sequence decides (aggregator.store)
+                    continue  # end of initial values: the keys decide (aggregator.kvread)
                 self._apply(entry.key, entry.value, entry.operation)
-                if not self.synced and entry.revision is not None and entry.revision >= last:
+                pending.discard(entry.key)
+                if not self.synced and not pending:
                     self.synced = True
                     log.info("leader holds the whole fleet from KV (%d nodes)", len(self))
         finally:

@@ -30,7 +30,12 @@ from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
 from aggregator.resync import ResyncRequester, ResyncSettings
 from aggregator.rules.finding import Finding
 from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.shardalerts import AlertScope, ScopedAlertStore, open_sharded_alert_engine
+from aggregator.shardalerts import (
+    AlertScope,
+    ScopedAlertStore,
+    open_sharded_alert_engine,
+    read_states,
+)
 from aggregator.shardfleet import WholeFleet
 from aggregator.shardowner import ShardOwner
 from aggregator.shardroutes import SERVED_BY, add_shard_routes, node_of
@@ -262,8 +267,9 @@ async def test_scoped_store_loads_only_the_owned_alert_states(nats_server: NatsS
             await kv.put(key, encode(state))
         await kv.put("junk", b"\xc1")  # skipped, not fatal
         held = {part(n) for n in NODES[:3]}
-        follower = ScopedAlertStore(kv, scope_with(held, leading=False))
-        leader = ScopedAlertStore(kv, scope_with(set(range(P)) - held, leading=True))
+        js, bucket = nc.jetstream(), "shard-writes-alerts"
+        follower = ScopedAlertStore(js, kv, scope_with(held, leading=False), bucket)
+        leader = ScopedAlertStore(js, kv, scope_with(set(range(P)) - held, leading=True), bucket)
         mine, theirs = await follower.load(), await leader.load()
         assert not mine.keys() & theirs.keys()
         assert mine.keys() | theirs.keys() == states.keys()
@@ -280,7 +286,7 @@ async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
     own = Fleet()
     own.apply_snapshot(snapshot("gpu-001"), 5.0)
     clock = Now()
-    whole = WholeFleet(own, clock)
+    whole = WholeFleet(own, clock, bucket="shard-writes-nodes")
     try:
         kv = await nc.jetstream().create_key_value(bucket="shard-writes-nodes", history=1)
         for name in ("gpu-001", "gpu-002", "gpu-003"):
@@ -449,3 +455,36 @@ def test_the_heartbeat_advertises_a_reachable_api_url(
         assert url == expected
     else:
         assert url.startswith("http://") and url.endswith(":8080") and "0.0.0.0" not in url
+
+
+async def test_alert_states_are_read_whole_while_other_replicas_write(
+    nats_server: NatsServer,
+) -> None:
+    """nats-py's key listing misses keys updated meanwhile; the stream read does not."""
+    nc = await nats.connect(nats_server.url)
+    stop = asyncio.Event()
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket="shard-writes-read", history=1)
+        states = [firing(n) for n in NODES[:30]]
+        for state in states:
+            await kv.put(state.alert.fingerprint, encode(state))
+        await kv.put("junk", b"\xc1")  # undecodable: skipped
+
+        async def other_replica() -> None:  # keeps re-persisting its states
+            i = 0
+            while not stop.is_set():
+                state = states[i % len(states)]
+                await kv.put(state.alert.fingerprint, encode(state))
+                i += 1
+
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(other_replica())
+            for _ in range(20):
+                assert len(await read_states(js, kv, "shard-writes-read")) == len(states)
+            stop.set()
+        await kv.delete(states[0].alert.fingerprint)
+        assert states[0].alert.fingerprint not in await read_states(js, kv, "shard-writes-read")
+    finally:
+        stop.set()
+        await nc.close()
