@@ -10,6 +10,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from agent.lab import faults
 from agent.service import AgentService, AgentSettings
 from aggregator.natsserver import NatsServer
 from proto.codec import decode
@@ -21,6 +22,14 @@ from tests.integration.test_pipeline import aggregator, lab_node
 pytestmark = pytest.mark.integration
 
 NODE = "netdev-alert-01"
+
+
+def mirror_in_sysfs(root: Path, up: bool) -> None:
+    """What the kernel shows in /sys/class/net for the netdev too: the agent re-reads its
+    inventory after a link event, and that snapshot must not contradict netlink."""
+    net = faults.tree_root(root) / "class" / "net" / NETDEV
+    faults.write(root, net / "operstate", "up\n" if up else "down\n", True)
+    faults.write(root, net / "carrier", "1\n" if up else "0\n", True)
 
 
 @requires_netns
@@ -52,10 +61,12 @@ async def test_veth_down_in_a_netns_fires_and_resolves_port_down(
             tasks.create_task(service.run(stop))
             try:
                 await asyncio.wait_for(service.netlink_watching.wait(), 20)
+                mirror_in_sysfs(root, up=False)
                 await aip(netns, "link", "set", NETDEV, "down")
                 fired = await asyncio.wait_for(next_alert("firing"), 20)
                 assert fired.subject == "mlx5_0/1"
                 assert fired.evidence["netdev_operstate"] == "down"
+                mirror_in_sysfs(root, up=True)
                 await aip(netns, "link", "set", NETDEV, "up")
                 resolved = await asyncio.wait_for(next_alert("resolved"), 20)
                 assert resolved.fingerprint == fired.fingerprint
