@@ -37,6 +37,7 @@ from agent.lab.synthetic import synthetic_spec  # noqa: E402
 from agent.rates import with_rates  # noqa: E402
 from agent.sysfs import Sysfs  # noqa: E402
 from proto import codec, subjects  # noqa: E402
+from proto.compact import inventory_only  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
 from proto.messages import CounterBatch, LinkEvent, PortCounters  # noqa: E402
 from proto.packedcounters import pack  # noqa: E402
@@ -134,7 +135,7 @@ def build_templates(shape: NodeShape) -> Templates:
             batch = with_rates(first, reader.collect(node="tpl", seq=2, now=now))
     delta = delta_against(batch, busy_round(batch))
     return Templates(
-        snapshot=codec.encode(snap),
+        snapshot=codec.encode(inventory_only(snap)),  # as agents publish it (docs/wire.md)
         counters=codec.encode(batch),
         device=device,
         delta=codec.encode(delta) if delta is not None else b"",

@@ -51,7 +51,7 @@ async def one_run(work: Path) -> float:
                              interval=0.1, what="replicas ready")  # fmt: skip
             fleet = Fleetwide(replicas)
             await until(fleet, fleet.held_once, 30)
-            async with simulated_agents(urls):
+            async with simulated_agents(urls, []):  # resync requests: not recorded here
                 await until(fleet, lambda: fleet.nodes_once() and fleet.findings() == expected, 30)
                 victim = next(
                     r for r, v in zip(replicas, fleet.views, strict=True)
