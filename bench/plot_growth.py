@@ -68,24 +68,30 @@ def ingest(doc: Any) -> Series:
     return out
 
 
-def _p99_points(doc: Any, path: str = "") -> Iterator[tuple[str, int, float]]:
-    """Every numeric `*p99*` value of a dict that also says `nodes`, named by its path."""
+def _p99_points(
+    doc: Any, path: str = "", nodes: int | None = None
+) -> Iterator[tuple[str, int, float]]:
+    """Every numeric `*p99*` value under a dict that says `nodes`, named by its path."""
     if isinstance(doc, dict):
-        nodes = doc.get("nodes")
+        here = doc.get("nodes")
+        nodes = here if isinstance(here, int) else nodes
         for key, value in doc.items():
-            if isinstance(nodes, int) and "p99" in key and isinstance(value, int | float):
+            if nodes is not None and "p99" in key and isinstance(value, int | float):
                 yield (path or key), nodes, float(value)
             else:
-                yield from _p99_points(value, f"{path}.{key}".strip(".") if path else key)
+                yield from _p99_points(value, f"{path}.{key}".strip(".") if path else key, nodes)
     elif isinstance(doc, list):
         for item in doc:
-            yield from _p99_points(item, path)
+            yield from _p99_points(item, path, nodes)
 
 
 def api(doc: Any) -> Series:
+    """p99 of the paged endpoints, one client at a time (not the whole-list "before")."""
     out: Series = {}
     for name, nodes, value in _p99_points(doc):
-        out.setdefault(name, []).append((nodes, value))
+        if name.endswith(".sequential") and ".before" not in name and "latency." in name:
+            label = name.split("latency.", 1)[1].removesuffix(".sequential")
+            out.setdefault(label, []).append((nodes, value))
     return out
 
 
@@ -115,7 +121,7 @@ def main() -> None:
         ("memory_scale.json", "Memory: aggregator RSS per node", "KiB", memory, 50.0),
         ("policy_fanout.json", "Fan-out: config change to all applied", "s", fanout, 2.0),
         ("ingest_scale.json", "Ingest: counter batches applied", "msgs/s", ingest, None),
-        ("api_latency.json", "API latency p99", "as in the file", api, None),
+        ("api_latency.json", "API p99, paged, sequential", "ms", api, None),
     ]
     panels = []
     for name, title, unit, read, target in figures:
@@ -128,7 +134,10 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (title, unit, series, target) in zip(axes[0], panels, strict=True):
         panel(ax, title, unit, series, target)
-    fig.suptitle("nicfleet aggregator at 1k / 3k / 10k nodes (loaded 2-core machine)", fontsize=11)
+    fig.suptitle(
+        "nicfleet aggregator at 1k / 3k / 10k nodes (2-core machine)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(opts.out, dpi=110)
     print(f"wrote {opts.out} ({len(panels)} panels)")
