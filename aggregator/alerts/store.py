@@ -10,30 +10,36 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
+from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from aggregator.alerts.lifecycle import Tracked
 from aggregator.errors import StoreError
+from aggregator.kvread import bucket_keys
 from proto.codec import CodecError, decode, encode
 
 log = logging.getLogger(__name__)
 
 
 async def load_states(kv: KeyValue) -> dict[str, Tracked]:
+    # The stream's subject list, not `kv.keys()`: nats-py's listing misses keys that are
+    # written meanwhile (aggregator.kvread), and a missed firing alert would fire again.
+    js: JetStreamContext = kv._js
+    bucket: str = kv._name
     try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return {}
-    except (TimeoutError, JetStreamError) as exc:
+        keys = sorted(await bucket_keys(js, bucket))
+    except StoreError as exc:
         raise StoreError(f"cannot list keys of the alerts bucket: {exc}") from exc
     states: dict[str, Tracked] = {}
     for key in keys:
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
-            continue
+            continue  # deleted (a marker) or purged meanwhile
+        except (TimeoutError, JetStreamError) as exc:
+            raise StoreError(f"cannot read alert state {key}: {exc}") from exc
         if entry.value is None:
             continue
         try:
