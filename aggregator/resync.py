@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 
+from aggregator.changes import either
 from proto import subjects
 from proto.codec import encode
 from proto.messages import MAX_RESYNC_SPREAD_S, ResyncReason, ResyncRequest
@@ -78,7 +79,7 @@ class ResyncRequester:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _wait_either(stop, self._wanted)
+            await either(stop, self._wanted)
             if stop.is_set():
                 return
             self._wanted.clear()
@@ -106,13 +107,3 @@ class ResyncRequester:
         scope = f"partitions {sorted(partitions)} of {count}" if count else "every agent"
         log.info("asked agents to resync (%s, %s), answers spread over %.1f s",
                  reason, scope, spread)  # fmt: skip
-
-
-async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
-    waiters = [asyncio.create_task(first.wait()), asyncio.create_task(second.wait())]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)

@@ -20,6 +20,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from aggregator.changes import either
 from aggregator.fleet import Fleet, NodeRecord
 from aggregator.ingest import Ingest
 from aggregator.kvread import bucket_keys
@@ -67,7 +68,7 @@ class WholeFleet(Fleet):
         """While `leading` is set: follow the nodes bucket and the device-plugin status of
         every partition; when it clears, forget it all."""
         while not stop.is_set():
-            await _either(stop, leading)
+            await either(stop, leading)
             if stop.is_set():
                 return
             try:
@@ -130,13 +131,3 @@ class WholeFleet(Fleet):
             log.warning("skipping undecodable KV node %s: %s", key, exc)
             return
         self.apply_snapshot(stored.snapshot, stored.received_at)  # keeps the status
-
-
-async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
