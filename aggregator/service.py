@@ -322,8 +322,7 @@ class AggregatorService:
                     registry=self.metrics.registry,
                     clock=self.clock,
                     wiring=self.settings.alerts,
-                    evaluate=self._rules or (self.shard.rules.evaluate if self.shard else None),
-                    timings=self.shard.rules.timings if self.shard and not self._rules else None,
+                    evaluate=self._rules,  # None: every rule (a sharded replica: above)
                     events=NodeEvents(kube) if kube is not None else None,
                     extra_findings=lambda: self.nvidia_findings,
                     is_leader=writes,
