@@ -8,22 +8,29 @@ ordering rule for snapshots and counter batches, keeps live port state in step w
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from operator import attrgetter
 from types import MappingProxyType
-from typing import Final, Literal, TypeVar, cast, get_args
+from typing import Final, Literal, cast, get_args
 
 import msgspec
 from msgspec.structs import replace
 
+from aggregator.heldcounters import (
+    CounterBase,
+    HeldCounters,
+    Shapes,
+    port_keys,
+    values_clean,
+)
+from aggregator.heldcounters import merge_counter_delta as merge_counter_delta  # re-exported
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, Port, PortStateName
-from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent, PortCounters
+from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
 MAX_EVENTS: Final = 50
 ACTIVE_STATES: Final[frozenset[str]] = frozenset({"ACTIVE", "ACTIVE_DEFER"})
-_V = TypeVar("_V", int, float)
+_NOTHING: Final[frozenset[str]] = frozenset()
 
 # IBTA port state / physical state codes, as the kernel prints them in sysfs ("4: ACTIVE").
 _STATE_CODES: Final[dict[str, int]] = {
@@ -45,7 +52,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     snapshot: NodeSnapshot | None = None
-    counters: CounterBatch | None = None
+    # The latest counter batch as held (aggregator.heldcounters): `counters` reads it.
+    counters_held: HeldCounters | None = None
     events: tuple[ReceivedEvent, ...] = ()  # oldest first, at most MAX_EVENTS
     first_seen: float
     last_seen: float
@@ -59,6 +67,12 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     # A full batch: its own seq and frozenset(). None: not known (anything may differ).
     counters_base_seq: int | None = None
     counters_delta: frozenset[str] | None = None
+
+    @property
+    def counters(self) -> CounterBatch | None:
+        """The latest counter batch, a delta merged onto its base (built on first read)."""
+        held = self.counters_held
+        return None if held is None else held.batch
 
 
 class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,9 +135,9 @@ class Fleet:
         self._records: dict[str, NodeRecord] = {}
         self.ignored = 0  # out-of-order or duplicate messages dropped
         # The last full counter batch per node: what counter deltas are relative to.
-        self._counter_bases: dict[str, CounterBatch] = {}
+        self._counter_bases: dict[str, CounterBase] = {}
         self.unmatched_deltas = 0  # counter deltas whose full batch is not held (also ignored)
-        self._delta_keys = DeltaKeys()
+        self._shapes = Shapes()
         for record in records:
             self.load(record)
 
@@ -185,44 +199,69 @@ class Fleet:
             )
         )
 
-    def apply_counters(self, batch: CounterBatch, received_at: float) -> NodeRecord:
-        """Store `batch` unless is_newer rejects it; accepted iff `result.counters` is not
-        the previously stored object.
+    def apply_counters(
+        self, batch: CounterBatch, received_at: float, wire: bytes | None = None
+    ) -> NodeRecord:
+        """Store `batch` unless is_newer rejects it; accepted iff `result.counters_held` is
+        not the previously stored object. `wire`: the bytes `batch` was decoded from, held
+        instead of the decoded batch (aggregator.heldcounters).
 
         A full batch is stored as is and becomes the node's delta base. A delta
-        (`base_seq` set) is stored merged onto that base — the full batch the agent would
-        have sent — when the base held is the one it names; otherwise it is ignored
-        (counted in `unmatched_deltas`, the node kept fresh) until the next full batch.
+        (`base_seq` set) is stored with that base and merged when read — the full batch
+        the agent would have sent — when the base held is the one it names and has every
+        port it lists; otherwise it is ignored (counted in `unmatched_deltas`, the node
+        kept fresh) until the next full batch.
         """
         old = self._records.get(batch.node)
-        stored = old.counters if old is not None else None
-        if old is not None and stored is not None and not _newer(batch, stored):
+        stored = old.counters_held if old is not None else None
+        if (
+            old is not None
+            and stored is not None
+            and not is_newer(batch.seq, batch.collected_at, stored.seq, stored.collected_at)
+        ):
             self.ignored += 1
             return old
         record = old or _new_record(batch.node, received_at)
-        changed: frozenset[str] | None
-        base_seq: int | None
-        if batch.base_seq is None:
-            self._counter_bases[batch.node] = batch
-            current, base_seq, changed = batch, batch.seq, _NOTHING
-        else:
-            merged = _merge(self._counter_bases.get(batch.node), batch, self._delta_keys)
-            if merged is None:  # the node is alive all the same
-                self.ignored += 1
-                self.unmatched_deltas += 1
-                return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
-            current, changed = merged
-            base_seq = batch.base_seq if changed is not None else None
+        hold = self._hold(batch, wire)
+        if hold is None:  # the node is alive all the same
+            self.ignored += 1
+            self.unmatched_deltas += 1
+            return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
+        held, base_seq, changed = hold
         return self._store(
             replace(
                 record,
-                counters=current,
+                counters_held=held,
                 counters_received_at=received_at,
                 last_seen=max(record.last_seen, received_at),
                 counters_base_seq=base_seq,
                 counters_delta=changed,
             )
         )
+
+    def _hold(
+        self, batch: CounterBatch, wire: bytes | None
+    ) -> tuple[HeldCounters, int | None, frozenset[str] | None] | None:
+        """The held form of `batch`, its base's seq and the keys it changed over the base
+        (NodeRecord.counters_base_seq/counters_delta); None: a delta that does not fit."""
+        seq, at, errors, ports = batch.seq, batch.collected_at, batch.errors, batch.ports
+        if batch.base_seq is None:
+            full = CounterBase(batch, wire or batch, self._shapes)
+            self._counter_bases[batch.node] = full
+            clean = full.clean and not errors
+            held = HeldCounters(base=full, delta=None, seq=seq, collected_at=at, clean=clean,
+                                batch=batch)  # fmt: skip
+            return held, seq, _NOTHING
+        base = self._counter_bases.get(batch.node)
+        listed = port_keys(ports)
+        if base is None or base.seq != batch.base_seq or not listed <= base.ports:
+            return None
+        flagged = any(p.saturated or p.resets or p.removed for p in ports)
+        # Only new values over the base: the delta's keys are all that changed.
+        plain = not flagged and errors == base.errors and base.flagged.isdisjoint(listed)
+        clean = base.clean and not errors and not flagged and values_clean(ports)
+        held = HeldCounters(base=base, delta=wire or batch, seq=seq, collected_at=at, clean=clean)
+        return held, batch.base_seq if plain else None, self._shapes.keys(ports) if plain else None
 
     def apply_status(self, status: DevicePluginStatus, received_at: float) -> NodeRecord:
         """Store the device plugin's status unless an equal-or-newer one is stored."""
@@ -273,134 +312,8 @@ class Fleet:
         return record
 
 
-def _newer(message: NodeSnapshot | CounterBatch, stored: NodeSnapshot | CounterBatch) -> bool:
+def _newer(message: NodeSnapshot, stored: NodeSnapshot) -> bool:
     return is_newer(message.seq, message.collected_at, stored.seq, stored.collected_at)
-
-
-def merge_counter_delta(base: CounterBatch | None, delta: CounterBatch) -> CounterBatch | None:
-    """Pure: the full batch that `delta` stands for, or None when `base` is not the full
-    batch it names (missing, another seq) or `delta` lists a port that `base` lacks.
-
-    Like `is_newer`, a delta delayed across an agent restart may meet a new base of the
-    same seq; the next message corrects it.
-    """
-    merged = _merge(base, delta, None)
-    return None if merged is None else merged[0]
-
-
-_NOTHING: Final[frozenset[str]] = frozenset()
-
-
-def _merge(
-    base: CounterBatch | None, delta: CounterBatch, keys: DeltaKeys | None
-) -> tuple[CounterBatch, frozenset[str] | None] | None:
-    """`merge_counter_delta`, and (with `keys`) the keys the delta changed over the base
-    (NodeRecord.counters_delta); None for those when the delta is not only new values."""
-    if base is None or base.base_seq is not None or base.seq != delta.base_seq:
-        return None
-    changes = {(p.device, p.port): p for p in delta.ports}
-    ports = []
-    plain = keys is not None and delta.errors == base.errors
-    for port in base.ports:
-        change = changes.pop((port.device, port.port), None)
-        if change is None:
-            ports.append(port)
-            continue
-        if change.removed or change.saturated or change.resets or port.saturated or port.resets:
-            plain = False
-        ports.append(_merge_port(port, change))
-    if changes:
-        return None
-    merged = replace(delta, ports=tuple(ports), base_seq=None)
-    if keys is None or not plain:
-        return merged, None
-    return merged, keys.of(delta.ports)
-
-
-class DeltaKeys:
-    """Key sets of deltas in rate-key spelling, shared between records: nodes whose deltas
-    change the same keys hold one frozenset. Bounded: cleared when full."""
-
-    MAX: Final = 4096
-
-    def __init__(self) -> None:
-        self._sets: dict[frozenset[str], frozenset[str]] = {}
-
-    def of(self, ports: tuple[PortCounters, ...]) -> frozenset[str]:
-        # Unions in C over every port; the per-key Python work is per distinct name.
-        keys: set[str] = set().union(*map(_RATES, ports))
-        for prefix, get in _GROUPS:
-            names: set[str] = set().union(*map(get, ports))
-            if names:
-                keys.update(map(prefix.__add__, names))
-        if {*map(_RX, ports)} - _NONE:
-            keys.add("rx_bytes")
-        if {*map(_TX, ports)} - _NONE:
-            keys.add("tx_bytes")
-        found = self._sets.get(frozen := frozenset(keys))
-        if found is None:
-            if len(self._sets) >= self.MAX:
-                self._sets.clear()
-            found = self._sets[frozen] = frozen
-        return found
-
-
-_RATES: Final = attrgetter("rates")
-_RX: Final = attrgetter("rx_bytes")
-_TX: Final = attrgetter("tx_bytes")
-_NONE: Final = frozenset({None})
-_GROUPS: Final = (
-    ("counters/", attrgetter("counters")),
-    ("counters_ext/", attrgetter("counters_ext")),
-    ("hw_counters/", attrgetter("hw_counters")),
-)
-
-
-def _merge_port(base: PortCounters, change: PortCounters) -> PortCounters:
-    if change.removed:
-        return _merge_port_removing(base, change)
-    # The hot path (every busy port of every delta): no removals, a group changes or not.
-    c, e, h, r = change.counters, change.counters_ext, change.hw_counters, change.rates
-    rx, tx = change.rx_bytes, change.tx_bytes
-    return replace(
-        change,
-        counters=base.counters | c if c else base.counters,
-        counters_ext=base.counters_ext | e if e else base.counters_ext,
-        hw_counters=base.hw_counters | h if h else base.hw_counters,
-        rx_bytes=base.rx_bytes if rx is None else rx,
-        tx_bytes=base.tx_bytes if tx is None else tx,
-        rates=base.rates | r if r else base.rates,
-    )
-
-
-def _merge_port_removing(base: PortCounters, change: PortCounters) -> PortCounters:
-    gone: dict[str, set[str]] = {}
-    for key in change.removed:
-        group, _, name = key.partition("/")
-        gone.setdefault(group, set()).add(name)
-    return replace(
-        change,
-        counters=_merged(base.counters, change.counters, gone.get("counters")),
-        counters_ext=_merged(base.counters_ext, change.counters_ext, gone.get("counters_ext")),
-        hw_counters=_merged(base.hw_counters, change.hw_counters, gone.get("hw_counters")),
-        rx_bytes=None if "rx_bytes" in gone else _or(change.rx_bytes, base.rx_bytes),
-        tx_bytes=None if "tx_bytes" in gone else _or(change.tx_bytes, base.tx_bytes),
-        rates=_merged(base.rates, change.rates, gone.get("rates")),
-        removed=(),
-    )
-
-
-def _merged(base: dict[str, _V], change: dict[str, _V], gone: set[str] | None) -> dict[str, _V]:
-    if not change and not gone:
-        return base  # shared, like unchanged ports: stored batches are never mutated
-    merged = base | change
-    for name in gone or ():
-        merged.pop(name, None)
-    return merged
-
-
-def _or(value: int | None, fallback: int | None) -> int | None:
-    return fallback if value is None else value
 
 
 def _new_record(name: str, received_at: float) -> NodeRecord:

@@ -71,7 +71,7 @@ class Ingest:
                 batch = decode(data, CounterBatch)
                 if batch.node != node:
                     return self._mismatch(kind, subject, batch.node)
-                self._fleet.apply_counters(batch, now)
+                self._fleet.apply_counters(batch, now, data)
             elif kind == subjects.EVENT:
                 event = decode(data, LinkEvent)
                 if event.node != node:

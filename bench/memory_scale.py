@@ -46,6 +46,7 @@ from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
 from agent.rates import with_rates  # noqa: E402
 from agent.sysfs import Sysfs  # noqa: E402
 from aggregator.fleet import Fleet  # noqa: E402
+from aggregator.heldcounters import CounterBase, HeldCounters  # noqa: E402
 from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from bench.loadgen import busy_round  # noqa: E402
 from proto import codec, subjects  # noqa: E402
@@ -248,7 +249,7 @@ def build_fleet(tpl: Templates, nodes: int, variant: str) -> tuple[Fleet, float]
             if isinstance(msg, NodeSnapshot):
                 fleet.apply_snapshot(msg, 1.0)
             else:
-                fleet.apply_counters(msg, 1.0)
+                fleet.apply_counters(msg, 1.0, data)  # held as received, like the ingest
     return fleet, decoding
 
 
@@ -276,6 +277,8 @@ class Walker:
             if isinstance(o, msgspec.Struct):
                 self.structs += 1
                 stack.extend(getattr(o, f) for f in o.__struct_fields__)
+            elif isinstance(o, HeldCounters | CounterBase):  # __slots__ classes
+                stack.extend(getattr(o, f) for f in type(o).__slots__)
             elif isinstance(o, dict):
                 stack.extend(o.keys())
                 stack.extend(o.values())
@@ -296,8 +299,9 @@ def walk(fleet: Fleet, sample: int) -> dict[str, Any]:
         parts["record"] += sys.getsizeof(record)
         walker.seen.add(id(record))
         parts["snapshot"] += walker.size(record.snapshot)
-        parts["counters (merged)"] += walker.size(record.counters)
-        parts["counter base (not shared)"] += walker.size(bases.get(record.name))
+        # The base first: what the latest batch holds beyond it is its own part.
+        parts["counter base"] += walker.size(bases.get(record.name))
+        parts["counters held (latest delta)"] += walker.size(record.counters_held)
         parts["events + status"] += walker.size(record.events) + walker.size(record.device_plugin)
     n = len(records)
     dup_bytes = sum(b - b // walker.string_copies[s] for s, b in walker.strings.items())

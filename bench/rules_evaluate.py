@@ -156,28 +156,39 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
         clock=lambda: clock[0],
     )  # fmt: skip
     cycles: list[float] = []  # CPU seconds of each round's cycles
+    applies: list[float] = []  # CPU seconds of each round's decode + Fleet.apply_counters
 
     async def run() -> None:
         await engine.cycle("start")
         for r in range(rounds):
-            spent = 0.0
-            for i, name in enumerate(names):
+            spent = applied = 0.0
+            wire = [  # encoded up front: the agents' side is not measured
+                codec.encode(
+                    msgspec.structs.replace(
+                        delta, node=name, seq=r + 2, collected_at=NOW + r + 1 + i / nodes,
+                        base_seq=1,
+                    )
+                )
+                for i, name in enumerate(names)
+            ]  # fmt: skip
+            for i, data in enumerate(wire):
                 now = NOW + r + 1 + i / nodes
                 clock[0] = now
-                batch = msgspec.structs.replace(
-                    delta, node=name, seq=r + 2, collected_at=now, base_seq=1
-                )
-                fleet.apply_counters(batch, received_at=now)
+                cpu = time.process_time()
+                fleet.apply_counters(codec.decode(data, CounterBatch), received_at=now)
+                applied += time.process_time() - cpu
                 if (i + 1) % per_cycle == 0 or i + 1 == nodes:
                     cpu = time.process_time()
                     await engine.cycle("change")
                     spent += time.process_time() - cpu
             cycles.append(spent)
+            applies.append(applied)
 
     asyncio.run(run())
     record = fleet.get(names[0])
     assert record is not None
     per_change = [c / nodes * 1e6 for c in cycles[1:]]  # the first round warms up
+    per_apply = [c / nodes * 1e6 for c in applies[1:]]
     return {
         "nodes": nodes,
         "per_cycle": per_cycle,
@@ -188,6 +199,7 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
         "aggregator": str(Path(aggregator.__file__).parent),
         "cpu_us_per_node_change_median": round(statistics.median(per_change), 2),
         "cpu_us_per_node_change_max": round(max(per_change), 2),
+        "decode_apply_cpu_us_per_delta_median": round(statistics.median(per_apply), 2),
     }
 
 

@@ -11,8 +11,8 @@ from aggregator.fleet import NodeRecord
 
 def base_of(record: NodeRecord) -> tuple[int, frozenset[str]] | None:
     """(base seq, delta keys) of a merged delta, or None (a full batch, unknown, none)."""
-    batch, base, delta = record.counters, record.counters_base_seq, record.counters_delta
-    if batch is None or base is None or delta is None or batch.seq == base:
+    held, base, delta = record.counters_held, record.counters_base_seq, record.counters_delta
+    if held is None or base is None or delta is None or held.seq == base:
         return None
     return base, delta
 
@@ -24,12 +24,12 @@ def same_counter_inputs(old: NodeRecord | None, new: NodeRecord, keys: frozenset
     answers False (an agent restarted with the same seq would be another base)."""
     if old is None:
         return False
-    if old.counters is new.counters:
+    if old.counters_held is new.counters_held:
         return True
     merged = base_of(new)
     if merged is None:
         return False
     base, delta = merged
-    if old.counters is None or old.counters_base_seq != base or old.counters_delta is None:
+    if old.counters_held is None or old.counters_base_seq != base or old.counters_delta is None:
         return False
     return delta.isdisjoint(keys) and old.counters_delta.isdisjoint(keys)

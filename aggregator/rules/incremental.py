@@ -147,7 +147,7 @@ class IncrementalRules:
             if record is None:
                 self._selecting.pop(name, None)
                 continue
-            if moved is not _ALL_FIELDS and "counters" in moved and name in self._records:
+            if moved is not _ALL_FIELDS and "counters_held" in moved and name in self._records:
                 previous[name] = self._records[name]
             self._records[name] = record
         if len(self._records) != len(fleet) or self._misaligned:

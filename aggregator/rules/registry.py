@@ -74,7 +74,7 @@ TIME_RULES: Final[Mapping[str, Callable[[NodeRecord, Thresholds], float]]] = Map
     {"agent-stale": fleetpolicy.agent_stale_from}
 )
 _SNAPSHOT: Final = frozenset({"snapshot"})
-_COUNTERS: Final = frozenset({"counters"})
+_COUNTERS: Final = frozenset({"counters_held"})
 # The NodeRecord fields each rule reads of a node: a node's findings of a rule are
 # recomputed only when one of them changed (or the node came or went).
 READS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(

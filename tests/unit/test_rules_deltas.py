@@ -1,6 +1,6 @@
 """Incremental rule evaluation over counter deltas (a node's findings of a counter rule
-reused when the delta left the rule's keys alone; data-quality reading only the delta's
-keys over a known base) equals the full `registry.evaluate` of the same records with their
+reused when the delta left the rule's keys alone; data-quality skipping batches found clean
+at ingest) equals the full `registry.evaluate` of the same records with their
 delta bookkeeping erased, after random sequences of full batches, deltas (error counters
 included), saturated/reset counters, snapshots, events, removals and ticks."""
 
@@ -16,10 +16,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from agent.counterdelta import delta_against
 from aggregator.fleet import Fleet, NodeRecord
-from aggregator.rules import dataquality
+from aggregator.heldcounters import HeldCounters
 from aggregator.rules.counterbase import same_counter_inputs
 from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.registry import COUNTER_KEYS, evaluate
+from proto import codec
 from proto.messages import CounterBatch, PortCounters
 from tests.builders import port_event
 from tests.unit.rules_cases import T0, batch, port_counters
@@ -85,7 +86,12 @@ def changed_port(base: PortCounters, edits: PortValues) -> PortCounters:
 def erased(fleet: Fleet) -> dict[str, NodeRecord]:
     """The records without their delta bookkeeping: every rule reads all values."""
     return {
-        name: msgspec.structs.replace(r, counters_base_seq=None, counters_delta=None)
+        name: msgspec.structs.replace(
+            r,
+            counters_held=None if r.counters is None else HeldCounters.of(r.counters),
+            counters_base_seq=None,
+            counters_delta=None,
+        )
         for name, r in fleet.view().items()
     }
 
@@ -98,16 +104,15 @@ class Machine(RuleBasedStateMachine):
         self.now = T0
         self.seq = 1
         self.bases: dict[str, CounterBatch] = {}  # the last full batch sent per node
-        # The delta bases' problems data-quality remembers per node: a new fleet here
-        # reuses node names and seqs (what a real agent restart would not do in time).
-        dataquality._BASES.clear()
 
     def _next(self) -> int:
         self.seq += 1
         return self.seq
 
     def _apply(self, message: CounterBatch) -> None:
-        self.fleet.apply_counters(message, self.now)
+        # Every other message held as its wire bytes, as the ingest passes them.
+        wire = codec.encode(message) if message.seq % 2 else None
+        self.fleet.apply_counters(message, self.now, wire)
 
     @rule(name=st.sampled_from(NODES), data=st.data())
     def full(self, name: str, data: st.DataObject) -> None:
@@ -171,7 +176,7 @@ def _record(base_seq: int | None, delta: frozenset[str] | None, seq: int = 5) ->
     counters = batch("n", port_counters())
     return NodeRecord(
         name="n",
-        counters=msgspec.structs.replace(counters, seq=seq),
+        counters_held=HeldCounters.of(msgspec.structs.replace(counters, seq=seq)),
         counters_base_seq=base_seq,
         counters_delta=delta,
         first_seen=T0,

@@ -1,0 +1,142 @@
+"""Counter batches held as received (aggregator.heldcounters): a delta is stored as its
+wire bytes and merged only when read; the ingest's `clean` verdict never hides a problem
+data-quality would list."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.counterdelta import delta_against
+from aggregator.cluster import NO_CLUSTER
+from aggregator.fleet import Fleet
+from aggregator.heldcounters import HeldCounters, ports_clean, values_clean
+from aggregator.rules.dataquality import check_data_quality
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
+from proto.codec import encode
+from proto.messages import CounterBatch, PortCounters
+from tests.unit.rules_cases import T0
+
+NODE = "gpu-001"
+
+
+def port(device: str, rx: int, *, rate: float = 0.0, errors: int = 0) -> PortCounters:
+    return PortCounters(
+        device=device,
+        port=1,
+        counters={"port_rcv_data": rx, "symbol_error": errors},
+        rx_bytes=rx * 4,
+        rates={"counters/port_rcv_data": rate, "rx_bytes": rate * 4},
+    )
+
+
+def full(seq: int, *ports: PortCounters) -> CounterBatch:
+    return CounterBatch(node=NODE, seq=seq, collected_at=T0 + seq, interval_s=1.0, ports=ports)
+
+
+F1 = full(1, port("mlx5_0", 10), port("mlx5_1", 5))
+F2 = full(2, port("mlx5_0", 20, rate=10.0), port("mlx5_1", 5))
+
+
+def delta(base: CounterBatch, current: CounterBatch) -> CounterBatch:
+    made = delta_against(base, current)
+    assert made is not None
+    return made
+
+
+def test_a_delta_is_held_as_its_bytes_and_merged_on_first_read() -> None:
+    fleet = Fleet()
+    fleet.apply_counters(F1, T0, encode(F1))
+    d2 = delta(F1, F2)
+    record = fleet.apply_counters(d2, T0 + 1, encode(d2))
+    held = record.counters_held
+    assert held is not None and not held.is_full
+    assert isinstance(held.delta, bytes) and isinstance(held.base.wire, bytes)
+    assert held.seq == 2 and held.clean
+    assert record.counters_delta == frozenset({"counters/port_rcv_data", "rx_bytes"})
+    assert record.counters == F2
+    assert record.counters is record.counters  # merged once, then kept
+
+
+def test_the_decoded_base_is_not_kept_once_a_delta_arrived() -> None:
+    fleet = Fleet()
+    fleet.apply_counters(F1, T0, encode(F1))
+    first = fleet.get(NODE)
+    assert first is not None and first.counters is F1  # a full batch reads as decoded
+    d2 = delta(F1, F2)
+    fleet.apply_counters(d2, T0 + 1, encode(d2))
+    del first
+    gc.collect()
+    assert not any(o is F1 for o in gc.get_referrers(*F1.ports))  # nothing holds it
+
+
+def test_a_delta_listing_a_port_its_base_lacks_is_ignored_and_counted() -> None:
+    fleet = Fleet()
+    fleet.apply_counters(F1, T0)
+    stray = msgspec.structs.replace(delta(F1, F2), ports=(port("mlx5_9", 1),))
+    record = fleet.apply_counters(stray, T0 + 1)
+    assert record.counters == F1 and fleet.unmatched_deltas == 1
+    assert record.last_seen == T0 + 1  # alive all the same
+
+
+@pytest.mark.parametrize(
+    ("edit", "clean"),
+    [
+        pytest.param({}, True, id="fine"),
+        pytest.param({"rates": {"rx_bytes": math.nan}}, False, id="nan-rate"),
+        pytest.param({"rates": {"rx_bytes": math.inf}}, False, id="inf-rate"),
+        pytest.param({"rates": {"rx_bytes": -1.0}}, False, id="negative-rate"),
+        pytest.param({"rates": {"a": 1e308, "b": 1e308}}, False, id="sum-overflows"),
+        pytest.param({"counters": {"symbol_error": -3}}, False, id="negative-counter"),
+        pytest.param({"hw_counters": {"x": -3}}, True, id="negative-hw-counter-not-judged"),
+        pytest.param({"saturated": ("counters/symbol_error",)}, False, id="saturated"),
+        pytest.param({"resets": ("counters/symbol_error",)}, False, id="reset"),
+        pytest.param({"removed": ("counters/symbol_error",)}, False, id="removed"),
+    ],
+)
+def test_clean_is_false_whenever_a_value_may_be_bad(edit: dict[str, object], clean: bool) -> None:
+    ports = [msgspec.structs.replace(port("mlx5_0", 1), **edit), port("mlx5_1", 2)]
+    assert ports_clean(ports) is clean
+    if not any(k in edit for k in ("saturated", "resets", "removed")):
+        assert values_clean(ports) is clean
+
+
+RATES = st.sampled_from((0.0, 1.0, 1e6, -1.0, math.nan, math.inf, -math.inf))
+COUNTS = st.sampled_from((0, 1, 2**40, -1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    base=st.lists(st.tuples(COUNTS, RATES), min_size=2, max_size=2),
+    new=st.lists(st.tuples(COUNTS, RATES), min_size=2, max_size=2),
+    wire=st.booleans(),
+)
+def test_clean_batches_have_no_data_quality_finding(
+    base: list[tuple[int, float]], new: list[tuple[int, float]], wire: bool
+) -> None:
+    """Whatever the values, a batch held `clean` gives data-quality nothing to list."""
+
+    def batch(seq: int, values: list[tuple[int, float]]) -> CounterBatch:
+        return full(seq, *(port(f"mlx5_{i}", 1, rate=r, errors=c) for i, (c, r) in
+                           enumerate(values)))  # fmt: skip
+
+    b1, b2 = batch(1, base), batch(2, new)
+    fleet = Fleet()
+    fleet.apply_counters(b1, T0, encode(b1) if wire else None)
+    d2 = delta(b1, b2)
+    record = fleet.apply_counters(d2, T0 + 1, encode(d2) if wire else None)
+    held = record.counters_held
+    assert held is not None and record.counters is not None
+    assert encode(record.counters) == encode(b2)  # bytes: NaN != NaN
+    unjudged = {NODE: msgspec.structs.replace(record, counters_held=HeldCounters.of(b2))}
+    found = check_data_quality(unjudged, (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    counters_found = [f for f in found if f.subject != "snapshot"]
+    if held.clean:
+        assert counters_found == []
+    judged = check_data_quality(fleet.view(), (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    assert [f for f in judged if f.subject != "snapshot"] == counters_found
