@@ -18,6 +18,7 @@ from aggregator.heldcounters import (
     CounterBase,
     HeldCounters,
     Shapes,
+    packed_values_clean,
     port_keys,
     values_clean,
 )
@@ -25,6 +26,7 @@ from aggregator.heldcounters import merge_counter_delta as merge_counter_delta  
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
+from proto.packedcounters import PackedCounterBatch, unpack
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
@@ -200,11 +202,15 @@ class Fleet:
         )
 
     def apply_counters(
-        self, batch: CounterBatch, received_at: float, wire: bytes | None = None
+        self,
+        batch: CounterBatch | PackedCounterBatch,
+        received_at: float,
+        wire: bytes | None = None,
     ) -> NodeRecord:
         """Store `batch` unless is_newer rejects it; accepted iff `result.counters_held` is
         not the previously stored object. `wire`: the bytes `batch` was decoded from, held
-        instead of the decoded batch (aggregator.heldcounters).
+        instead of the decoded batch (aggregator.heldcounters). A packed batch must have
+        passed `proto.packedcounters.check` (`proto.codec.decode_counters` does).
 
         A full batch is stored as is and becomes the node's delta base. A delta
         (`base_seq` set) is stored with that base and merged when read — the full batch
@@ -240,12 +246,14 @@ class Fleet:
         )
 
     def _hold(
-        self, batch: CounterBatch, wire: bytes | None
+        self, batch: CounterBatch | PackedCounterBatch, wire: bytes | None
     ) -> tuple[HeldCounters, int | None, frozenset[str] | None] | None:
         """The held form of `batch`, its base's seq and the keys it changed over the base
         (NodeRecord.counters_base_seq/counters_delta); None: a delta that does not fit."""
         seq, at, errors, ports = batch.seq, batch.collected_at, batch.errors, batch.ports
         if batch.base_seq is None:
+            if isinstance(batch, PackedCounterBatch):
+                batch = unpack(batch)  # a base is read whole anyway
             full = CounterBase(batch, wire or batch, self._shapes)
             self._counter_bases[batch.node] = full
             clean = full.clean and not errors
@@ -259,9 +267,18 @@ class Fleet:
         flagged = any(p.saturated or p.resets or p.removed for p in ports)
         # Only new values over the base: the delta's keys are all that changed.
         plain = not flagged and errors == base.errors and base.flagged.isdisjoint(listed)
-        clean = base.clean and not errors and not flagged and values_clean(ports)
+        maybe_clean = base.clean and not errors and not flagged
+        keys: frozenset[str] | None = None
+        if isinstance(batch, PackedCounterBatch):
+            clean = maybe_clean and packed_values_clean(batch.ports)
+            if plain:
+                keys = self._shapes.packed_keys(batch)
+        else:
+            clean = maybe_clean and values_clean(batch.ports)
+            if plain:
+                keys = self._shapes.keys(batch.ports)
         held = HeldCounters(base=base, delta=wire or batch, seq=seq, collected_at=at, clean=clean)
-        return held, batch.base_seq if plain else None, self._shapes.keys(ports) if plain else None
+        return held, batch.base_seq if plain else None, keys
 
     def apply_status(self, status: DevicePluginStatus, received_at: float) -> NodeRecord:
         """Store the device plugin's status unless an equal-or-newer one is stored."""

@@ -21,11 +21,14 @@ from msgspec.structs import replace
 
 from proto.codec import decode
 from proto.messages import CounterBatch, PortCounters
+from proto.packedcounters import PackedCounterBatch, PackedPort, unpack
 
 PortKey = tuple[str, int]  # (device, port)
 _K = TypeVar("_K")
 _V = TypeVar("_V", int, float)
-Wire = CounterBatch | bytes  # decoded, or the encoded message exactly as received
+# Decoded, checked but packed (a delta, proto.codec.decode_counters), or the encoded
+# message exactly as received.
+Wire = CounterBatch | PackedCounterBatch | bytes
 
 
 class CounterBase:
@@ -113,7 +116,9 @@ class HeldCounters:
 
 
 def _decoded(wire: Wire) -> CounterBatch:
-    return wire if isinstance(wire, CounterBatch) else decode(wire, CounterBatch)
+    if isinstance(wire, CounterBatch):
+        return wire
+    return unpack(wire) if isinstance(wire, PackedCounterBatch) else decode(wire, CounterBatch)
 
 
 class Shapes:
@@ -145,8 +150,22 @@ class Shapes:
             keys.add("tx_bytes")
         return _shared(self._keys, frozenset(keys))
 
+    def packed_keys(self, packed: PackedCounterBatch) -> frozenset[str]:
+        """`keys` of a packed batch: its name table (rate keys and "<group>/<name>" are
+        spelled alike; a name the ports do not use only makes the set larger, never
+        smaller) and the byte counts it carries."""
+        keys = frozenset(packed.names)
+        ports = packed.ports
+        rx = bool({*map(_RX, ports)} - _NONE)
+        tx = bool({*map(_TX, ports)} - _NONE)
+        if rx or tx:
+            keys |= _BYTES[rx, tx]
+        return _shared(self._keys, keys)
 
-def port_keys(ports: tuple[PortCounters, ...] | list[PortCounters]) -> frozenset[PortKey]:
+
+def port_keys(
+    ports: tuple[PortCounters, ...] | list[PortCounters] | tuple[PackedPort, ...],
+) -> frozenset[PortKey]:
     return frozenset(zip(map(_DEVICE, ports), map(_PORT, ports), strict=True))
 
 
@@ -172,6 +191,15 @@ def values_clean(ports: tuple[PortCounters, ...] | list[PortCounters]) -> bool:
     if rates and not (min(rates) >= 0 and math.isfinite(sum(rates))):
         return False
     counters = list(chain.from_iterable(map(dict.values, map(_COUNTERS, ports))))
+    return not counters or min(counters) >= 0
+
+
+def packed_values_clean(ports: tuple[PackedPort, ...]) -> bool:
+    """`values_clean` of packed ports (the `counters` group's values, the rates)."""
+    rates = list(chain.from_iterable(map(_RATE_VALUES, ports)))
+    if rates and not (min(rates) >= 0 and math.isfinite(sum(rates))):
+        return False
+    counters = list(chain.from_iterable(map(_COUNTER_VALUES, ports)))
     return not counters or min(counters) >= 0
 
 
@@ -247,6 +275,13 @@ _COUNTERS: Final = attrgetter("counters")
 _RX: Final = attrgetter("rx_bytes")
 _TX: Final = attrgetter("tx_bytes")
 _NONE: Final = frozenset({None})
+_RATE_VALUES: Final = attrgetter("rate_values")
+_COUNTER_VALUES: Final = attrgetter("counter_values")
+_BYTES: Final = {
+    (True, False): frozenset({"rx_bytes"}),
+    (False, True): frozenset({"tx_bytes"}),
+    (True, True): frozenset({"rx_bytes", "tx_bytes"}),
+}
 _GROUPS: Final = (
     ("counters/", attrgetter("counters")),
     ("counters_ext/", attrgetter("counters_ext")),

@@ -14,9 +14,9 @@ from typing import Final
 from aggregator.fleet import Fleet
 from aggregator.metrics import Metrics
 from proto import subjects
-from proto.codec import CodecError, decode
+from proto.codec import CodecError, decode, decode_counters
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
+from proto.messages import DevicePluginStatus, LinkEvent
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Ingest:
                 if stored is not None and stored is not previous:
                     self._on_snapshot(stored, now)  # persist only what the fleet accepted
             elif kind == subjects.COUNTERS:
-                batch = decode(data, CounterBatch)
+                batch = decode_counters(data)
                 if batch.node != node:
                     return self._mismatch(kind, subject, batch.node)
                 self._fleet.apply_counters(batch, now, data)

@@ -1,7 +1,8 @@
 """The ceiling for one Python process (issue 8): a bare nats-py subscriber on the node
-subjects that only parses the subject and decodes each message with the real codec, the
-same subscription settings as the aggregator. Prints one JSON line per second to stdout:
-messages decoded so far, lag (now - send time) of the counter batches of that second.
+subjects that only parses the subject and decodes each message with the real codec as the
+aggregator's ingest does, the same subscription settings as the aggregator. Prints one JSON
+line per second to stdout: messages decoded so far, lag (now - send time) of the counter
+batches of that second.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from proto import subjects  # noqa: E402
-from proto.codec import CodecError, decode  # noqa: E402
+from proto.codec import CodecError, decode, decode_counters  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent  # noqa: E402
 
@@ -33,6 +34,9 @@ TYPES: Final[dict[str, Any]] = {
     subjects.EVENT: LinkEvent,
     subjects.STATUS: DevicePluginStatus,
 }
+
+
+COUNTERS: Final = subjects.COUNTERS
 
 
 async def run(url: str, every: float) -> None:
@@ -46,7 +50,12 @@ async def run(url: str, every: float) -> None:
     async def on_message(msg: Any) -> None:
         try:
             _, kind = subjects.parse_node_subject(msg.subject)
-            message = decode(msg.data, TYPES[kind])
+            # Counters as the aggregator's ingest decodes them (a packed delta checked, not
+            # unpacked: proto.codec.decode_counters).
+            if kind == COUNTERS:
+                message = decode_counters(msg.data)
+            else:
+                message = decode(msg.data, TYPES[kind])
         except (ValueError, CodecError):
             errors["decode"] += 1
             return

@@ -1,7 +1,7 @@
 """Load generator for issue 8: simulated agents in a few processes, one NATS connection each.
 Every node publishes a NodeSnapshot, then a CounterBatch (16 ports, made by the agent's own
 code) at `hz`, phases spread over the interval: packed full batches every `full_every` rounds,
-map deltas (every port busy) between, spliced from pre-encoded templates and sent in bursts.
+packed deltas (every port busy) between, spliced from pre-encoded templates and sent in bursts.
 Chosen nodes send a port-down LinkEvent; `collected_at`/`observed_at` carry the send time.
 """
 
@@ -209,15 +209,15 @@ class Spliced:
 
 
 class CounterStream:
-    """One worker's counter messages: the full batch (packed, as codec.encode sends it, or
-    a map) and the delta (a map) spliced from pre-encoded templates; per message only node,
-    seq, times and base_seq are encoded."""
+    """One worker's counter messages: the full batch and the delta (both packed, as
+    codec.encode sends them, or maps as older agents did) spliced from pre-encoded
+    templates; per message only node, seq, times and base_seq are encoded."""
 
     def __init__(self, tpl: Templates, encoding: str) -> None:
         full = codec.decode(tpl.counters, CounterBatch)
         delta = codec.decode(tpl.delta, CounterBatch) if tpl.delta else full
         self._full = Spliced(pack(full) if encoding == "packed" else full)
-        self._delta = Spliced(delta)
+        self._delta = Spliced(pack(delta) if encoding == "packed" else delta)
 
     def message(
         self, node: str, seq: int, now: float, period: float, base_seq: int | None

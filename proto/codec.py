@@ -22,7 +22,7 @@ from proto.messages import (
     LinkEvent,
     ValidationResult,
 )
-from proto.packedcounters import PackedCounterBatch, PackError, pack, unpack
+from proto.packedcounters import PackedCounterBatch, PackError, check, pack, unpack
 
 # NATS' default max_payload is 1 MiB; nothing we send should come near it.
 MAX_PAYLOAD: Final = 1024 * 1024
@@ -62,11 +62,11 @@ _ARRAY_HEADS: Final = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
 
 def encode(message: msgspec.Struct) -> bytes:
-    """msgpack bytes of a wire message; a full CounterBatch packed, a delta as a map.
+    """msgpack bytes of a wire message; a CounterBatch (full or delta) packed.
 
-    Packing shrinks a full batch 13x at about the same decode cost; a small delta decodes
-    ~3x faster as a map (msgspec builds its dicts in C) than unpacked in Python."""
-    if type(message) is CounterBatch and message.base_seq is None:
+    Packing shrinks a full batch 13x and a busy 16-port delta 4.5x; the aggregator reads a
+    packed delta without building its dicts (`decode_counters`)."""
+    if type(message) is CounterBatch:
         return _msgpack_encoder.encode(pack(message))
     return _msgpack_encoder.encode(message)
 
@@ -92,6 +92,21 @@ def decode(data: bytes, type_: type[T]) -> T:
         decoder = _msgpack_decoders[type_] = msgspec.msgpack.Decoder(type_)
     result: T = _run(decoder, data, type_)
     return result
+
+
+def decode_counters(data: bytes) -> CounterBatch | PackedCounterBatch:
+    """A counter batch as the aggregator's ingest takes it: a packed delta checked but not
+    unpacked (proto.packedcounters.check), anything else as `decode(data, CounterBatch)`."""
+    if data[:1] and data[0] in _ARRAY_HEADS:
+        packed: PackedCounterBatch = _run(_packed_decoder, data, CounterBatch, PackedCounterBatch)
+        try:
+            if packed.base_seq is None:
+                return unpack(packed)
+            check(packed)
+        except PackError as exc:
+            raise CodecError(CounterBatch.__name__, exc.path, exc.reason) from exc
+        return packed
+    return decode(data, CounterBatch)
 
 
 def from_json(data: bytes | str, type_: type[T]) -> T:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Annotated, Final, TypeVar
 
 import msgspec
@@ -239,6 +241,59 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
         errors=packed.errors,
         base_seq=packed.base_seq,
     )
+
+
+def check(packed: PackedCounterBatch) -> None:
+    """What `unpack` verifies, without building its dicts: every layout resolves, every
+    port's value lists fit its layout, every flag indexes the name table. PackError names
+    the field. A checked batch unpacks without error (the aggregator holds checked deltas
+    as bytes and unpacks them only when read)."""
+    names, ports = packed.names, packed.ports
+    shape = (names, packed.layouts)  # the same for every delta of a kind of node
+    sizes = _SIZES.get(shape)
+    if sizes is None:
+        sizes = [tuple(map(len, keys)) for keys in _resolve(names, packed.layouts)]
+        if len(_SIZES) >= _MAX_SIZES:
+            _SIZES.clear()
+        _SIZES[shape] = sizes
+    if not ports:
+        return
+    try:  # C-level maps; a Python loop only on the error path
+        wanted = [sizes[i] for i in map(_LAYOUT, ports)]
+    except IndexError:
+        wanted = []
+    got = list(
+        zip(
+            map(len, map(_COUNTER_VALUES, ports)),
+            map(len, map(_EXT_VALUES, ports)),
+            map(len, map(_HW_VALUES, ports)),
+            map(len, map(_RATE_VALUES, ports)),
+            strict=True,
+        )
+    )
+    flags = list(chain.from_iterable(map(_flags, ports)))
+    if wanted != got or (flags and max(flags) >= len(names)):
+        layouts = _resolve(names, packed.layouts)
+        for n in range(len(ports)):
+            error = _port_error(packed, layouts, n)
+            if error.reason != "does not unpack":
+                raise error
+        raise PackError("$.ports", "does not unpack")  # pragma: no cover - not reached
+
+
+# Value-list lengths per layout of a (name table, layouts): checked deltas of one kind of
+# node share them. Bounded: cleared when full.
+_SIZES: Final[dict[tuple[tuple[str, ...], tuple[PackedLayout, ...]], list[tuple[int, ...]]]] = {}
+_MAX_SIZES: Final = 1024
+_LAYOUT: Final = attrgetter("layout")
+_COUNTER_VALUES: Final = attrgetter("counter_values")
+_EXT_VALUES: Final = attrgetter("counters_ext_values")
+_HW_VALUES: Final = attrgetter("hw_counters_values")
+_RATE_VALUES: Final = attrgetter("rate_values")
+
+
+def _flags(port: PackedPort) -> tuple[int, ...]:
+    return port.saturated + port.resets + port.removed
 
 
 # Whole-number rates arrive as ints and decode as new floats; most are 0 (idle counters).

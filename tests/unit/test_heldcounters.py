@@ -18,8 +18,9 @@ from aggregator.fleet import Fleet
 from aggregator.heldcounters import HeldCounters, ports_clean, values_clean
 from aggregator.rules.dataquality import check_data_quality
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
-from proto.codec import encode
+from proto.codec import decode_counters, encode, encode_map
 from proto.messages import CounterBatch, PortCounters
+from proto.packedcounters import PackedCounterBatch
 from tests.unit.rules_cases import T0
 
 NODE = "gpu-001"
@@ -84,6 +85,32 @@ def test_a_delta_listing_a_port_its_base_lacks_is_ignored_and_counted() -> None:
     assert record.last_seen == T0 + 1  # alive all the same
 
 
+def test_a_packed_delta_is_held_like_its_map_form() -> None:
+    """Same key set, same verdict, same merged batch, whichever form the delta came in."""
+    d2 = delta(F1, F2)
+    records = []
+    for wire in (encode(d2), encode_map(d2)):
+        fleet = Fleet()
+        fleet.apply_counters(F1, T0, encode(F1))
+        message = decode_counters(wire)
+        assert isinstance(message, PackedCounterBatch) == (wire[0] >= 0x90)
+        records.append(fleet.apply_counters(message, T0 + 1, wire))
+    packed, mapped = records
+    assert packed.counters_delta == mapped.counters_delta == {"counters/port_rcv_data", "rx_bytes"}
+    assert packed.counters_held is not None and mapped.counters_held is not None
+    assert packed.counters_held.clean and mapped.counters_held.clean
+    assert packed.counters == mapped.counters == F2
+
+
+def test_a_packed_delta_without_its_bytes_is_held_packed_and_unpacked_on_read() -> None:
+    fleet = Fleet()
+    fleet.apply_counters(F1, T0)
+    message = decode_counters(encode(delta(F1, F2)))
+    record = fleet.apply_counters(message, T0 + 1)
+    assert record.counters_held is not None and record.counters_held.delta is message
+    assert record.counters == F2
+
+
 @pytest.mark.parametrize(
     ("edit", "clean"),
     [
@@ -129,7 +156,10 @@ def test_clean_batches_have_no_data_quality_finding(
     fleet = Fleet()
     fleet.apply_counters(b1, T0, encode(b1) if wire else None)
     d2 = delta(b1, b2)
-    record = fleet.apply_counters(d2, T0 + 1, encode(d2) if wire else None)
+    if wire:  # as the ingest applies it: checked, still packed, with its bytes
+        record = fleet.apply_counters(decode_counters(encode(d2)), T0 + 1, encode(d2))
+    else:
+        record = fleet.apply_counters(d2, T0 + 1)
     held = record.counters_held
     assert held is not None and record.counters is not None
     assert encode(record.counters) == encode(b2)  # bytes: NaN != NaN

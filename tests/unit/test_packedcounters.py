@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proto.codec import CodecError, decode, encode, encode_map, field_path
+from proto.codec import CodecError, decode, decode_counters, encode, encode_map, field_path
 from proto.inventory import ReadError
 from proto.messages import CounterBatch, PortCounters
 from proto.packedcounters import PackedCounterBatch, pack, unpack
@@ -81,13 +81,19 @@ def test_packed_and_map_forms_decode_to_the_same_batch(message: CounterBatch) ->
 
 
 def packed(message: CounterBatch) -> bytes:
-    """The packed form whatever the batch (encode packs full batches only)."""
     return encode(pack(message))
 
 
-def test_full_batches_go_out_packed_and_deltas_as_maps() -> None:
+def test_full_batches_and_deltas_go_out_packed() -> None:
     assert msgspec.msgpack.decode(encode(batch()))[0] == "nicfleet.v1.PackedCounterBatch"
-    assert msgspec.msgpack.decode(encode(DELTA))["schema"] == "nicfleet.v1.CounterBatch"
+    assert msgspec.msgpack.decode(encode(DELTA))[0] == "nicfleet.v1.PackedCounterBatch"
+
+
+def test_the_ingest_takes_a_packed_delta_checked_and_packed() -> None:
+    held = decode_counters(encode(DELTA))
+    assert isinstance(held, PackedCounterBatch) and unpack(held) == DELTA
+    assert decode_counters(encode(batch())) == batch()  # a full batch: read whole
+    assert decode_counters(encode_map(DELTA)) == DELTA  # an older agent's map
 
 
 def test_packed_is_an_array_and_much_smaller() -> None:
@@ -165,6 +171,15 @@ def test_bad_packed_payloads_name_the_field(payload: bytes, path: str) -> None:
     assert info.value.type_name == "CounterBatch"
     assert info.value.path == path
     assert path in str(info.value)
+    as_delta = payload
+    with contextlib.suppress(msgspec.DecodeError):
+        raw = msgspec.msgpack.decode(payload)
+        if len(raw) > 6:
+            raw[6] = 1  # base_seq: a delta, which the ingest checks without unpacking
+            as_delta = msgspec.msgpack.encode(raw)
+    with pytest.raises(CodecError) as checked:
+        decode_counters(as_delta)
+    assert checked.value.path == path
 
 
 def test_field_path_names_array_like_fields() -> None:
@@ -212,6 +227,8 @@ batches = st.builds(
 def test_any_batch_round_trips_packed(message: CounterBatch) -> None:
     assert decode(packed(message), CounterBatch) == message
     assert decode(encode(message), CounterBatch) == message
+    ingested = decode_counters(encode(message))
+    assert (unpack(ingested) if isinstance(ingested, PackedCounterBatch) else ingested) == message
 
 
 @settings(max_examples=300, deadline=None)
@@ -237,3 +254,7 @@ def test_corrupted_indexes_give_a_codec_error_or_a_batch(
             target[i] = value
     with contextlib.suppress(CodecError):
         assert isinstance(decode(msgspec.msgpack.encode(raw), CounterBatch), CounterBatch)
+    with contextlib.suppress(CodecError):  # checked, not unpacked: it must unpack later
+        ingested = decode_counters(msgspec.msgpack.encode(raw))
+        if isinstance(ingested, PackedCounterBatch):
+            assert isinstance(unpack(ingested), CounterBatch)

@@ -110,9 +110,13 @@ class Machine(RuleBasedStateMachine):
         return self.seq
 
     def _apply(self, message: CounterBatch) -> None:
-        # Every other message held as its wire bytes, as the ingest passes them.
-        wire = codec.encode(message) if message.seq % 2 else None
-        self.fleet.apply_counters(message, self.now, wire)
+        # Every other message as the ingest applies it: decoded as it does (a delta checked,
+        # still packed) and held as its wire bytes.
+        if message.seq % 2:
+            wire = codec.encode(message)
+            self.fleet.apply_counters(codec.decode_counters(wire), self.now, wire)
+        else:
+            self.fleet.apply_counters(message, self.now)
 
     @rule(name=st.sampled_from(NODES), data=st.data())
     def full(self, name: str, data: st.DataObject) -> None:
