@@ -35,9 +35,9 @@ class CounterBase:
     """A full counter batch held as a delta base: its wire form and what a delta needs to
     know of it without decoding it again."""
 
-    __slots__ = ("clean", "errors", "flagged", "ports", "seq", "wire")
+    __slots__ = ("clean", "errors", "flagged", "moving", "ports", "seq", "wire")
 
-    def __init__(self, batch: CounterBatch, wire: Wire, shapes: Shapes) -> None:
+    def __init__(self, batch: CounterBatch, wire: Wire, shapes: Shapes, *, facts: bool = True):
         self.seq = batch.seq
         self.wire = wire
         self.errors = batch.errors
@@ -45,7 +45,11 @@ class CounterBase:
         # Ports whose counters saturated or went backwards this round: a delta over them
         # is not plain new values (NodeRecord.counters_delta is then unknown).
         self.flagged = shapes.ports([p for p in batch.ports if p.saturated or p.resets])
-        self.clean = ports_clean(batch.ports)
+        # What readers may skip on: no value data-quality lists (`ports_clean`), and the
+        # rate keys with a rate > 0 on some port (a rule that fires only on a rate above a
+        # limit >= 0 finds nothing under other keys). facts=False: not known (None).
+        self.clean = facts and ports_clean(batch.ports)
+        self.moving = shapes.moving(batch.ports) if facts else None
 
 
 class HeldCounters:
@@ -78,9 +82,14 @@ class HeldCounters:
     def of(cls, batch: CounterBatch, *, clean: bool = False) -> HeldCounters:
         """`batch` held decoded, as its own base, without the ingest's bookkeeping: with
         `clean` False, readers look at every value (tests, a record built by hand)."""
-        base = CounterBase(batch, batch, Shapes())
+        base = CounterBase(batch, batch, Shapes(), facts=False)
         return cls(base=base, delta=None, seq=batch.seq, collected_at=batch.collected_at,
                    clean=clean, batch=batch)  # fmt: skip
+
+    @property
+    def merged(self) -> bool:
+        """Whether `batch` has been built (and is kept) for this held batch."""
+        return self._batch is not None
 
     @property
     def is_full(self) -> bool:
@@ -149,6 +158,11 @@ class Shapes:
         if {*map(_TX, ports)} - _NONE:
             keys.add("tx_bytes")
         return _shared(self._keys, frozenset(keys))
+
+    def moving(self, ports: tuple[PortCounters, ...]) -> frozenset[str]:
+        """The rate keys with a rate > 0 (NaN is not, an infinite rate is) on some port."""
+        positive = {k for port in ports for k, rate in port.rates.items() if rate > 0}
+        return _shared(self._keys, frozenset(positive))
 
     def packed_keys(self, packed: PackedCounterBatch) -> frozenset[str]:
         """`keys` of a packed batch: its name table (rate keys and "<group>/<name>" are

@@ -159,6 +159,8 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
     )  # fmt: skip
     cycles: list[float] = []  # CPU seconds of each round's cycles
     held_as_received = "wire" in inspect.signature(Fleet.apply_counters).parameters
+    # As the ingest decodes counters (older trees: no decode_counters, everything decoded).
+    decode = getattr(codec, "decode_counters", lambda data: codec.decode(data, CounterBatch))
     applies: list[float] = []  # CPU seconds of each round's decode + Fleet.apply_counters
 
     async def run() -> None:
@@ -178,7 +180,7 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
                 now = NOW + r + 1 + i / nodes
                 clock[0] = now
                 cpu = time.process_time()
-                batch = codec.decode(data, CounterBatch)
+                batch = decode(data)
                 if held_as_received:  # as the ingest does (an older tree: no such argument)
                     fleet.apply_counters(batch, now, data)
                 else:

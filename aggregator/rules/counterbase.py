@@ -1,5 +1,7 @@
-"""Whether two records' counter batches agree on some counter/rate keys, from the delta
-bookkeeping alone (`NodeRecord.counters_base_seq` / `counters_delta`), without reading them.
+"""Whether two records' counter batches agree on some counter/rate keys, and whether a
+record has a positive rate under some keys, from the delta bookkeeping alone
+(`NodeRecord.counters_base_seq` / `counters_delta`, `CounterBase.moving`), without reading
+the batches.
 
 Pure. Unknown bookkeeping (None) or a new full batch answers False: compare the values.
 """
@@ -33,3 +35,20 @@ def same_counter_inputs(old: NodeRecord | None, new: NodeRecord, keys: frozenset
     if old.counters_held is None or old.counters_base_seq != base or old.counters_delta is None:
         return False
     return delta.isdisjoint(keys) and old.counters_delta.isdisjoint(keys)
+
+
+def quiet(record: NodeRecord, keys: frozenset[str]) -> bool:
+    """True when no port's rate under `keys` is > 0 — known from the ingest's facts of
+    the delta base and the delta's keys, without reading (merging) the batch. Rules that
+    fire only on such a rate above a limit >= 0 find nothing on a quiet record. False:
+    not known; read the batch."""
+    held = record.counters_held
+    if held is None:
+        return True
+    moving = held.base.moving
+    if moving is None or not moving.isdisjoint(keys):
+        return False
+    if held.is_full:
+        return True
+    delta = record.counters_delta  # set only for a delta of new values alone
+    return delta is not None and delta.isdisjoint(keys)

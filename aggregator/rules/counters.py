@@ -14,6 +14,7 @@ from typing import Final
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
 from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
+from aggregator.rules.counterbase import quiet
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import finite
 from aggregator.rules.thresholds import Thresholds
@@ -30,12 +31,17 @@ _FAMILIES: Final = tuple(COUNTER_FAMILIES.items())
 COUNTER_ERRORS_KEYS: Final = frozenset(k for keys in COUNTER_FAMILIES.values() for k in keys)
 RETRIES_EXCEEDED_KEYS: Final = frozenset(RETRY_COUNTERS)
 CC_MISCONFIGURED_KEYS: Final = frozenset({CNP_IGNORED, "hw_counters/rp_cnp_handled"})
+_CNP_IGNORED: Final = frozenset({CNP_IGNORED})  # what cc-misconfigured fires on
 
 
-def _batches(fleet: Fleet) -> list[tuple[str, PortCounters]]:
+def _batches(fleet: Fleet, keys: frozenset[str]) -> list[tuple[str, PortCounters]]:
+    """The ports of every node with a rate > 0 under `keys` (or not known not to have one):
+    the rules below fire only on such a rate above a limit >= 0 (Thresholds enforce it)."""
     result: list[tuple[str, PortCounters]] = []
     # Findings are sorted by the caller: the fleet's order is fine (no per-call sort).
     for node, record in fleet.items():
+        if quiet(record, keys):
+            continue  # no batch merged for it
         batch = record.counters
         if batch is not None:
             result.extend((node, pc) for pc in batch.ports)
@@ -55,7 +61,7 @@ def check_counter_errors(
     families = [(family, keys, limits.get(family, 0.0)) for family, keys in _FAMILIES]
     isfinite = math.isfinite
     found: list[Finding] = []
-    for node, pc in _batches(fleet):
+    for node, pc in _batches(fleet, COUNTER_ERRORS_KEYS):
         over: dict[str, float] = {}
         rates = pc.rates
         for family, keys, limit in families:  # `_rate` inlined: this runs per port
@@ -99,7 +105,7 @@ def check_retries_exceeded(
 ) -> list[Finding]:  # fmt: skip
     limit = thresholds.param("retries-exceeded", "rate")
     found: list[Finding] = []
-    for node, pc in _batches(fleet):
+    for node, pc in _batches(fleet, RETRIES_EXCEEDED_KEYS):
         moving = {
             key: rate for key in RETRY_COUNTERS
             if (rate := _rate(pc, key)) is not None and rate > limit
@@ -128,7 +134,7 @@ def check_cc_misconfigured(
 ) -> list[Finding]:  # fmt: skip
     limit = thresholds.param("cc-misconfigured", "rate")
     found: list[Finding] = []
-    for node, pc in _batches(fleet):
+    for node, pc in _batches(fleet, _CNP_IGNORED):
         rate = _rate(pc, CNP_IGNORED)
         if rate is None or rate <= limit:
             continue

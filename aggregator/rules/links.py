@@ -13,6 +13,7 @@ from typing import Final, cast
 from aggregator.cluster import ClusterView
 from aggregator.fleet import NodeRecord
 from aggregator.rules.catalog import FLAP_COUNTERS
+from aggregator.rules.counterbase import quiet
 from aggregator.rules.finding import Finding, Severity
 from aggregator.rules.fleetfacts import (
     finite,
@@ -305,7 +306,10 @@ def check_link_flap(
 ) -> list[Finding]:  # fmt: skip
     found: list[Finding] = []
     for node in sorted(fleet):
-        batch = fleet[node].counters
+        record = fleet[node]
+        if quiet(record, LINK_FLAP_KEYS):  # fires only on a flap counter's rate > 0
+            continue
+        batch = record.counters
         if batch is None:
             continue
         for pc in batch.ports:

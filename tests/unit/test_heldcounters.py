@@ -16,7 +16,10 @@ from agent.counterdelta import delta_against
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
 from aggregator.heldcounters import HeldCounters, ports_clean, values_clean
+from aggregator.rules.counterbase import quiet
 from aggregator.rules.dataquality import check_data_quality
+from aggregator.rules.incremental import IncrementalRules
+from aggregator.rules.registry import COUNTER_KEYS
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
 from proto.codec import decode_counters, encode, encode_map
 from proto.messages import CounterBatch, PortCounters
@@ -96,7 +99,11 @@ def test_a_packed_delta_is_held_like_its_map_form() -> None:
         assert isinstance(message, PackedCounterBatch) == (wire[0] >= 0x90)
         records.append(fleet.apply_counters(message, T0 + 1, wire))
     packed, mapped = records
-    assert packed.counters_delta == mapped.counters_delta == {"counters/port_rcv_data", "rx_bytes"}
+    assert (
+        packed.counters_delta
+        == mapped.counters_delta
+        == frozenset({"counters/port_rcv_data", "rx_bytes"})
+    )
     assert packed.counters_held is not None and mapped.counters_held is not None
     assert packed.counters_held.clean and mapped.counters_held.clean
     assert packed.counters == mapped.counters == F2
@@ -170,3 +177,53 @@ def test_clean_batches_have_no_data_quality_finding(
         assert counters_found == []
     judged = check_data_quality(fleet.view(), (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
     assert [f for f in judged if f.subject != "snapshot"] == counters_found
+
+
+def _rated(seq: int, **rates: float) -> CounterBatch:
+    ports = [
+        msgspec.structs.replace(
+            port(f"mlx5_{i}", 1), rates={"counters/port_rcv_data": 5.0, **rates}
+        )
+        for i in range(2)
+    ]
+    return full(seq, *ports)
+
+
+def test_quiet_is_known_from_the_base_and_the_delta_keys_alone() -> None:
+    errors = COUNTER_KEYS["counter-errors"]
+    fleet = Fleet()
+    f1 = _rated(1, **{"counters/symbol_error": 0.0})
+    record = fleet.apply_counters(f1, T0, encode(f1))
+    assert quiet(record, errors)  # zero, NaN or absent rates only
+    busy = _rated(2, **{"counters/symbol_error": 0.0})
+    busy = msgspec.structs.replace(
+        busy, ports=tuple(msgspec.structs.replace(p, rx_bytes=999) for p in busy.ports)
+    )
+    record = fleet.apply_counters(decode_counters(encode(d := delta(f1, busy))), T0 + 1, encode(d))
+    assert quiet(record, errors) and not record.counters_held.merged  # type: ignore[union-attr]
+    erring = _rated(3, **{"counters/symbol_error": 2.0})
+    record = fleet.apply_counters(delta(f1, erring), T0 + 2)
+    assert not quiet(record, errors)  # the delta moved a key the rule reads
+    assert quiet(record, frozenset({"hw_counters/rp_cnp_ignored"}))
+    f4 = _rated(4, **{"counters/symbol_error": math.inf})
+    assert not quiet(fleet.apply_counters(f4, T0 + 3), errors)  # inf > 0: read it
+    f5 = _rated(5, **{"counters/symbol_error": math.nan})
+    assert quiet(fleet.apply_counters(f5, T0 + 4), errors)  # NaN: no rule fires on it
+    by_hand = msgspec.structs.replace(record, counters_held=HeldCounters.of(f1))
+    assert not quiet(by_hand, errors)  # no ingest facts: not known
+
+
+def test_a_full_evaluation_merges_no_quiet_clean_delta() -> None:
+    """Rules starting over (new policies/thresholds) read no batch they can skip: the
+    merged batches would stay in memory until each node's next message."""
+    fleet = Fleet()
+    for n in range(20):
+        name = f"gpu-{n:03d}"
+        base = msgspec.structs.replace(_rated(1), node=name)
+        fleet.apply_counters(base, T0, encode(base))
+        busy = msgspec.structs.replace(_rated(2, **{"rx_bytes": 7.0}), node=name)
+        d = delta(base, busy)
+        fleet.apply_counters(decode_counters(encode(d)), T0 + 1, encode(d))
+    IncrementalRules().evaluate(fleet.view(), now=T0 + 2)
+    held = [r.counters_held for r in fleet.records()]
+    assert all(h is not None and not h.is_full and not h.merged for h in held)
