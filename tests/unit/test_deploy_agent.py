@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.cli import run
+from agent.cli import main, run
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "base" / "agent-daemonset.yaml"
@@ -138,7 +138,8 @@ def violations(doc: dict[str, Any]) -> list[str]:
         found.append(f"not `nicfleet-agent run`: {args[:2]}")
     else:
         try:
-            run.make_context("run", args[2:])
+            # With the group's settings: click caches the help option a context makes.
+            run.make_context("run", args[2:], **main.context_settings)
         except click.ClickException as exc:
             found.append(f"args: {exc.format_message()}")
     values = _flag_values(args)

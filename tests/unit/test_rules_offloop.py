@@ -48,8 +48,13 @@ def _counters(fleet: Fleet, i: int) -> None:
 async def _ingest_during(
     rules: AllRules, fleet: Fleet, evaluation: asyncio.Future[object], first: int = 0
 ) -> int:
-    """Apply messages while the worker runs; how many were applied before it finished."""
-    await wait_until(lambda: rules.full_evaluation_running, interval=0.001, what="the worker")
+    """Apply messages while the worker runs; how many were applied before it finished
+    (a short catch-up may be done before this task first runs)."""
+    await wait_until(
+        lambda: rules.full_evaluation_running or evaluation.done(),
+        interval=0.001,
+        what="the worker",
+    )
     applied = 0
     while not evaluation.done():  # the loop is free: this task runs between its steps
         applied += 1
