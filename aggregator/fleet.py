@@ -26,7 +26,7 @@ from aggregator.heldcounters import merge_counter_delta as merge_counter_delta  
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
-from proto.packedcounters import PackedCounterBatch, unpack
+from proto.packedcounters import PackedCounterBatch
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
@@ -252,13 +252,13 @@ class Fleet:
         (NodeRecord.counters_base_seq/counters_delta); None: a delta that does not fit."""
         seq, at, errors, ports = batch.seq, batch.collected_at, batch.errors, batch.ports
         if batch.base_seq is None:
-            if isinstance(batch, PackedCounterBatch):
-                batch = unpack(batch)  # a base is read whole anyway
+            # Held as received: a packed one is unpacked only when something reads it.
             full = CounterBase(batch, wire or batch, self._shapes)
             self._counter_bases[batch.node] = full
             clean = full.clean and not errors
+            decoded = batch if isinstance(batch, CounterBatch) else None
             held = HeldCounters(base=full, delta=None, seq=seq, collected_at=at, clean=clean,
-                                batch=batch)  # fmt: skip
+                                batch=decoded)  # fmt: skip
             return held, seq, _NOTHING
         base = self._counter_bases.get(batch.node)
         listed = port_keys(ports)

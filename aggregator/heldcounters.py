@@ -13,8 +13,10 @@ Messages applied without their bytes (tests, in-process callers) are held decode
 from __future__ import annotations
 
 import math
-from itertools import chain
-from operator import attrgetter
+from collections.abc import Sequence
+from functools import partial
+from itertools import chain, compress
+from operator import attrgetter, lt
 from typing import Final, TypeVar
 
 from msgspec.structs import replace
@@ -37,7 +39,14 @@ class CounterBase:
 
     __slots__ = ("clean", "errors", "flagged", "moving", "ports", "seq", "wire")
 
-    def __init__(self, batch: CounterBatch, wire: Wire, shapes: Shapes, *, facts: bool = True):
+    def __init__(
+        self,
+        batch: CounterBatch | PackedCounterBatch,
+        wire: Wire,
+        shapes: Shapes,
+        *,
+        facts: bool = True,
+    ) -> None:
         self.seq = batch.seq
         self.wire = wire
         self.errors = batch.errors
@@ -48,8 +57,16 @@ class CounterBase:
         # What readers may skip on: no value data-quality lists (`ports_clean`), and the
         # rate keys with a rate > 0 on some port (a rule that fires only on a rate above a
         # limit >= 0 finds nothing under other keys). facts=False: not known (None).
-        self.clean = facts and ports_clean(batch.ports)
-        self.moving = shapes.moving(batch.ports) if facts else None
+        self.clean: bool
+        self.moving: frozenset[str] | None = None
+        if isinstance(batch, PackedCounterBatch):  # checked: read from its arrays
+            self.clean = facts and packed_ports_clean(batch.ports)
+            if facts:
+                self.moving = shapes.packed_moving(batch)
+        else:
+            self.clean = facts and ports_clean(batch.ports)
+            if facts:
+                self.moving = shapes.moving(batch.ports)
 
 
 class HeldCounters:
@@ -141,7 +158,7 @@ class Shapes:
         self._ports: dict[frozenset[PortKey], frozenset[PortKey]] = {}
         self._keys: dict[frozenset[str], frozenset[str]] = {}
 
-    def ports(self, ports: list[PortCounters] | tuple[PortCounters, ...]) -> frozenset[PortKey]:
+    def ports(self, ports: Sequence[PortCounters | PackedPort]) -> frozenset[PortKey]:
         return _shared(self._ports, port_keys(ports))
 
     def keys(self, ports: tuple[PortCounters, ...]) -> frozenset[str]:
@@ -164,6 +181,15 @@ class Shapes:
         positive = {k for port in ports for k, rate in port.rates.items() if rate > 0}
         return _shared(self._keys, frozenset(positive))
 
+    def packed_moving(self, packed: PackedCounterBatch) -> frozenset[str]:
+        """`moving` of a checked packed batch, from its arrays (C-level per port)."""
+        names = packed.names
+        rate_keys = [tuple(map(names.__getitem__, layout.rates)) for layout in packed.layouts]
+        positive: set[str] = set()
+        for port in packed.ports:
+            positive.update(compress(rate_keys[port.layout], map(_POSITIVE, port.rate_values)))
+        return _shared(self._keys, frozenset(positive))
+
     def packed_keys(self, packed: PackedCounterBatch) -> frozenset[str]:
         """`keys` of a packed batch: its name table (rate keys and "<group>/<name>" are
         spelled alike; a name the ports do not use only makes the set larger, never
@@ -177,9 +203,7 @@ class Shapes:
         return _shared(self._keys, keys)
 
 
-def port_keys(
-    ports: tuple[PortCounters, ...] | list[PortCounters] | tuple[PackedPort, ...],
-) -> frozenset[PortKey]:
+def port_keys(ports: Sequence[PortCounters | PackedPort]) -> frozenset[PortKey]:
     return frozenset(zip(map(_DEVICE, ports), map(_PORT, ports), strict=True))
 
 
@@ -206,6 +230,13 @@ def values_clean(ports: tuple[PortCounters, ...] | list[PortCounters]) -> bool:
         return False
     counters = list(chain.from_iterable(map(dict.values, map(_COUNTERS, ports))))
     return not counters or min(counters) >= 0
+
+
+def packed_ports_clean(ports: tuple[PackedPort, ...]) -> bool:
+    """`ports_clean` of packed ports."""
+    return not any(p.saturated or p.resets or p.removed for p in ports) and packed_values_clean(
+        ports
+    )
 
 
 def packed_values_clean(ports: tuple[PackedPort, ...]) -> bool:
@@ -289,6 +320,7 @@ _COUNTERS: Final = attrgetter("counters")
 _RX: Final = attrgetter("rx_bytes")
 _TX: Final = attrgetter("tx_bytes")
 _NONE: Final = frozenset({None})
+_POSITIVE: Final = partial(lt, 0)  # 0 < rate: False for NaN, True for inf
 _RATE_VALUES: Final = attrgetter("rate_values")
 _COUNTER_VALUES: Final = attrgetter("counter_values")
 _BYTES: Final = {

@@ -95,13 +95,12 @@ def decode(data: bytes, type_: type[T]) -> T:
 
 
 def decode_counters(data: bytes) -> CounterBatch | PackedCounterBatch:
-    """A counter batch as the aggregator's ingest takes it: a packed delta checked but not
-    unpacked (proto.packedcounters.check), anything else as `decode(data, CounterBatch)`."""
+    """A counter batch as the aggregator's ingest takes it: a packed one (full or delta)
+    checked but not unpacked (proto.packedcounters.check), a map as `decode(data,
+    CounterBatch)`."""
     if data[:1] and data[0] in _ARRAY_HEADS:
         packed: PackedCounterBatch = _run(_packed_decoder, data, CounterBatch, PackedCounterBatch)
         try:
-            if packed.base_seq is None:
-                return unpack(packed)
             check(packed)
         except PackError as exc:
             raise CodecError(CounterBatch.__name__, exc.path, exc.reason) from exc

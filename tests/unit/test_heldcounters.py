@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from agent.counterdelta import delta_against
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet import Fleet
-from aggregator.heldcounters import HeldCounters, ports_clean, values_clean
+from aggregator.heldcounters import (
+    CounterBase,
+    HeldCounters,
+    Shapes,
+    ports_clean,
+    values_clean,
+)
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.dataquality import check_data_quality
 from aggregator.rules.incremental import IncrementalRules
@@ -161,7 +167,10 @@ def test_clean_batches_have_no_data_quality_finding(
 
     b1, b2 = batch(1, base), batch(2, new)
     fleet = Fleet()
-    fleet.apply_counters(b1, T0, encode(b1) if wire else None)
+    if wire:  # both as the ingest applies them: checked, still packed, with their bytes
+        fleet.apply_counters(decode_counters(encode(b1)), T0, encode(b1))
+    else:
+        fleet.apply_counters(b1, T0)
     d2 = delta(b1, b2)
     if wire:  # as the ingest applies it: checked, still packed, with its bytes
         record = fleet.apply_counters(decode_counters(encode(d2)), T0 + 1, encode(d2))
@@ -227,3 +236,33 @@ def test_a_full_evaluation_merges_no_quiet_clean_delta() -> None:
     IncrementalRules().evaluate(fleet.view(), now=T0 + 2)
     held = [r.counters_held for r in fleet.records()]
     assert all(h is not None and not h.is_full and not h.merged for h in held)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.tuples(COUNTS, RATES, RATES), min_size=1, max_size=3),
+    flag=st.sampled_from(("", "saturated", "resets")),
+)
+def test_a_packed_base_has_the_facts_of_its_decoded_form(
+    values: list[tuple[int, float, float]], flag: str
+) -> None:
+    ports = [
+        msgspec.structs.replace(
+            port(f"mlx5_{i}", 1, rate=r, errors=c),
+            rates={"counters/port_rcv_data": r, "hw_counters/rp_cnp_ignored": r2},
+            **({flag: ("counters/symbol_error",)} if flag and i == 0 else {}),
+        )
+        for i, (c, r, r2) in enumerate(values)
+    ]
+    batch = full(1, *ports)
+    packed = decode_counters(encode(batch))
+    assert isinstance(packed, PackedCounterBatch)
+    from_arrays = CounterBase(packed, encode(batch), Shapes())
+    decoded = CounterBase(batch, batch, Shapes())
+    for fact in ("clean", "moving", "ports", "flagged", "errors", "seq"):
+        assert getattr(from_arrays, fact) == getattr(decoded, fact), fact
+    fleet = Fleet()
+    record = fleet.apply_counters(packed, T0, encode(batch))
+    assert record.counters_held is not None and not record.counters_held.merged
+    read = record.counters  # unpacked when read
+    assert read is not None and encode(read) == encode(batch)

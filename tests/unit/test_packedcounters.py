@@ -89,10 +89,10 @@ def test_full_batches_and_deltas_go_out_packed() -> None:
     assert msgspec.msgpack.decode(encode(DELTA))[0] == "nicfleet.v1.PackedCounterBatch"
 
 
-def test_the_ingest_takes_a_packed_delta_checked_and_packed() -> None:
-    held = decode_counters(encode(DELTA))
-    assert isinstance(held, PackedCounterBatch) and unpack(held) == DELTA
-    assert decode_counters(encode(batch())) == batch()  # a full batch: read whole
+def test_the_ingest_takes_a_packed_batch_checked_and_packed() -> None:
+    for message in (DELTA, batch()):
+        held = decode_counters(encode(message))
+        assert isinstance(held, PackedCounterBatch) and unpack(held) == message
     assert decode_counters(encode_map(DELTA)) == DELTA  # an older agent's map
 
 
