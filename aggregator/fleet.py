@@ -18,6 +18,7 @@ from aggregator.heldcounters import (
     CounterBase,
     HeldCounters,
     Shapes,
+    flagged,
     packed_values_clean,
     port_keys,
     values_clean,
@@ -264,10 +265,10 @@ class Fleet:
         listed = port_keys(ports)
         if base is None or base.seq != batch.base_seq or not listed <= base.ports:
             return None
-        flagged = any(p.saturated or p.resets or p.removed for p in ports)
+        odd = flagged(ports)
         # Only new values over the base: the delta's keys are all that changed.
-        plain = not flagged and errors == base.errors and base.flagged.isdisjoint(listed)
-        maybe_clean = base.clean and not errors and not flagged
+        plain = not odd and errors == base.errors and base.flagged.isdisjoint(listed)
+        maybe_clean = base.clean and not errors and not odd
         keys: frozenset[str] | None = None
         if isinstance(batch, PackedCounterBatch):
             clean = maybe_clean and packed_values_clean(batch.ports)

@@ -3,9 +3,9 @@ the delta itself, each as received on the wire, merged into the batch the agent 
 sent only when something reads it (docs/performance.md, "Counter batches held as
 received").
 
-Pure. A delta is stored without building a single dict: its wire bytes, its seq and time,
-and whether the merged batch would be free of data-quality problems (`clean`, decided from
-the decoded delta at ingest with C-level scans). Readers (the counter rules when a delta
+Pure. A packed batch is stored without building a single dict: its wire bytes, its seq
+and time, and whether the merged batch would be free of data-quality problems (`clean`,
+decided at ingest with C-level scans of its arrays). Readers (the counter rules when a delta
 touches their keys, the node detail API) pay the decode and merge once per held batch.
 Messages applied without their bytes (tests, in-process callers) are held decoded.
 """
@@ -13,7 +13,7 @@ Messages applied without their bytes (tests, in-process callers) are held decode
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import chain, compress
 from operator import attrgetter, lt
@@ -28,8 +28,8 @@ from proto.packedcounters import PackedCounterBatch, PackedPort, unpack
 PortKey = tuple[str, int]  # (device, port)
 _K = TypeVar("_K")
 _V = TypeVar("_V", int, float)
-# Decoded, checked but packed (a delta, proto.codec.decode_counters), or the encoded
-# message exactly as received.
+# Decoded, checked but packed (proto.codec.decode_counters), or the encoded message
+# exactly as received.
 Wire = CounterBatch | PackedCounterBatch | bytes
 
 
@@ -60,7 +60,7 @@ class CounterBase:
         self.clean: bool
         self.moving: frozenset[str] | None = None
         if isinstance(batch, PackedCounterBatch):  # checked: read from its arrays
-            self.clean = facts and packed_ports_clean(batch.ports)
+            self.clean = facts and not flagged(batch.ports) and packed_values_clean(batch.ports)
             if facts:
                 self.moving = shapes.packed_moving(batch)
         else:
@@ -216,36 +216,36 @@ def _shared(cache: dict[frozenset[_K], frozenset[_K]], value: frozenset[_K]) -> 
     return found
 
 
+def flagged(ports: Sequence[PortCounters | PackedPort]) -> bool:
+    """Whether some port flags a counter (saturated, reset, removed)."""
+    return any(p.saturated or p.resets or p.removed for p in ports)
+
+
 def ports_clean(ports: tuple[PortCounters, ...] | list[PortCounters]) -> bool:
-    """No port flags a counter (saturated, reset, removed) and `values_clean`."""
-    return not any(p.saturated or p.resets or p.removed for p in ports) and values_clean(ports)
+    """No port flags a counter and `values_clean`."""
+    return not flagged(ports) and values_clean(ports)
 
 
 def values_clean(ports: tuple[PortCounters, ...] | list[PortCounters]) -> bool:
     """No counter of the `counters` group is negative and every rate is finite and >= 0
     (what data-quality's per-port check looks for): scans in C, no loop per key."""
-    rates = list(chain.from_iterable(map(dict.values, map(_RATES, ports))))
-    # NaN fails `min` silently but makes the sum NaN; an infinite sum only means "look".
-    if rates and not (min(rates) >= 0 and math.isfinite(sum(rates))):
-        return False
-    counters = list(chain.from_iterable(map(dict.values, map(_COUNTERS, ports))))
-    return not counters or min(counters) >= 0
-
-
-def packed_ports_clean(ports: tuple[PackedPort, ...]) -> bool:
-    """`ports_clean` of packed ports."""
-    return not any(p.saturated or p.resets or p.removed for p in ports) and packed_values_clean(
-        ports
-    )
+    rates = chain.from_iterable(map(dict.values, map(_RATES, ports)))
+    return _fine(rates, chain.from_iterable(map(dict.values, map(_COUNTERS, ports))))
 
 
 def packed_values_clean(ports: tuple[PackedPort, ...]) -> bool:
     """`values_clean` of packed ports (the `counters` group's values, the rates)."""
-    rates = list(chain.from_iterable(map(_RATE_VALUES, ports)))
-    if rates and not (min(rates) >= 0 and math.isfinite(sum(rates))):
+    rates = chain.from_iterable(map(_RATE_VALUES, ports))
+    return _fine(rates, chain.from_iterable(map(_COUNTER_VALUES, ports)))
+
+
+def _fine(rates: Iterable[float], counters: Iterable[int]) -> bool:
+    values = list(rates)
+    # NaN fails `min` silently but makes the sum NaN; an infinite sum only means "look".
+    if values and not (min(values) >= 0 and math.isfinite(sum(values))):
         return False
-    counters = list(chain.from_iterable(map(_COUNTER_VALUES, ports)))
-    return not counters or min(counters) >= 0
+    values = list(counters)
+    return not values or min(values) >= 0
 
 
 def merge_counter_delta(base: CounterBatch | None, delta: CounterBatch) -> CounterBatch | None:

@@ -65,7 +65,7 @@ def encode(message: msgspec.Struct) -> bytes:
     """msgpack bytes of a wire message; a CounterBatch (full or delta) packed.
 
     Packing shrinks a full batch 13x and a busy 16-port delta 4.5x; the aggregator reads a
-    packed delta without building its dicts (`decode_counters`)."""
+    packed batch without building its dicts (`decode_counters`)."""
     if type(message) is CounterBatch:
         return _msgpack_encoder.encode(pack(message))
     return _msgpack_encoder.encode(message)
