@@ -27,7 +27,7 @@ from aggregator.heldcounters import merge_counter_delta as merge_counter_delta  
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent
-from proto.packedcounters import PackedCounterBatch
+from proto.packedcounters import CleanPackedCounterBatch, PackedCounterBatch
 
 NodeState = Literal["ready", "stale", "no-snapshot"]
 NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
@@ -265,13 +265,14 @@ class Fleet:
         listed = port_keys(ports)
         if base is None or base.seq != batch.base_seq or not listed <= base.ports:
             return None
-        odd = flagged(ports)
+        verified = type(batch) is CleanPackedCounterBatch  # no flag, no value to look at
+        odd = not verified and flagged(ports)
         # Only new values over the base: the delta's keys are all that changed.
         plain = not odd and errors == base.errors and base.flagged.isdisjoint(listed)
         maybe_clean = base.clean and not errors and not odd
         keys: frozenset[str] | None = None
         if isinstance(batch, PackedCounterBatch):
-            clean = maybe_clean and packed_values_clean(batch.ports)
+            clean = maybe_clean and (verified or packed_values_clean(batch.ports))
             if plain:
                 keys = self._shapes.packed_keys(batch)
         else:

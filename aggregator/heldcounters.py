@@ -23,7 +23,7 @@ from msgspec.structs import replace
 
 from proto.codec import decode
 from proto.messages import CounterBatch, PortCounters
-from proto.packedcounters import PackedCounterBatch, PackedPort, unpack
+from proto.packedcounters import CleanPackedCounterBatch, PackedCounterBatch, PackedPort, unpack
 
 PortKey = tuple[str, int]  # (device, port)
 _K = TypeVar("_K")
@@ -60,7 +60,7 @@ class CounterBase:
         self.clean: bool
         self.moving: frozenset[str] | None = None
         if isinstance(batch, PackedCounterBatch):  # checked: read from its arrays
-            self.clean = facts and not flagged(batch.ports) and packed_values_clean(batch.ports)
+            self.clean = facts and packed_clean(batch)
             if facts:
                 self.moving = shapes.packed_moving(batch)
         else:
@@ -237,6 +237,14 @@ def packed_values_clean(ports: tuple[PackedPort, ...]) -> bool:
     """`values_clean` of packed ports (the `counters` group's values, the rates)."""
     rates = chain.from_iterable(map(_RATE_VALUES, ports))
     return _fine(rates, chain.from_iterable(map(_COUNTER_VALUES, ports)))
+
+
+def packed_clean(packed: PackedCounterBatch) -> bool:
+    """`ports_clean` of a checked packed batch: known from its decoded type when msgspec
+    verified it (CleanPackedCounterBatch), else scanned."""
+    if type(packed) is CleanPackedCounterBatch:
+        return True
+    return not flagged(packed.ports) and packed_values_clean(packed.ports)
 
 
 def _fine(rates: Iterable[float], counters: Iterable[int]) -> bool:

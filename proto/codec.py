@@ -22,7 +22,14 @@ from proto.messages import (
     LinkEvent,
     ValidationResult,
 )
-from proto.packedcounters import PackedCounterBatch, PackError, check, pack, unpack
+from proto.packedcounters import (
+    CleanPackedCounterBatch,
+    PackedCounterBatch,
+    PackError,
+    check,
+    pack,
+    unpack,
+)
 
 # NATS' default max_payload is 1 MiB; nothing we send should come near it.
 MAX_PAYLOAD: Final = 1024 * 1024
@@ -57,6 +64,7 @@ _json_encoder = msgspec.json.Encoder(order="deterministic")
 _msgpack_decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
 _json_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 _packed_decoder = msgspec.msgpack.Decoder(PackedCounterBatch)
+_clean_decoder = msgspec.msgpack.Decoder(CleanPackedCounterBatch)
 # First byte of a msgpack array (fixarray, array 16, array 32); a map is anything else.
 _ARRAY_HEADS: Final = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
@@ -96,16 +104,28 @@ def decode(data: bytes, type_: type[T]) -> T:
 
 def decode_counters(data: bytes) -> CounterBatch | PackedCounterBatch:
     """A counter batch as the aggregator's ingest takes it: a packed one (full or delta)
-    checked but not unpacked (proto.packedcounters.check), a map as `decode(data,
-    CounterBatch)`."""
+    checked but not unpacked (proto.packedcounters.check) — a CleanPackedCounterBatch when
+    no port has a value data-quality would list — a map as `decode(data, CounterBatch)`."""
     if data[:1] and data[0] in _ARRAY_HEADS:
-        packed: PackedCounterBatch = _run(_packed_decoder, data, CounterBatch, PackedCounterBatch)
+        packed = _clean(data)  # most batches: values verified clean while decoding
+        if packed is None:  # a value to look at, or not a batch (the error comes from here)
+            packed = _run(_packed_decoder, data, CounterBatch, PackedCounterBatch)
         try:
             check(packed)
         except PackError as exc:
             raise CodecError(CounterBatch.__name__, exc.path, exc.reason) from exc
         return packed
     return decode(data, CounterBatch)
+
+
+def _clean(data: bytes) -> CleanPackedCounterBatch | None:
+    if len(data) > MAX_PAYLOAD:
+        return None
+    try:
+        batch: CleanPackedCounterBatch = _clean_decoder.decode(data)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    return batch
 
 
 def from_json(data: bytes | str, type_: type[T]) -> T:

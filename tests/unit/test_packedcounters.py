@@ -5,6 +5,7 @@ payload keeps decoding, and bad packed input is one CodecError naming the field.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,14 @@ from hypothesis import strategies as st
 from proto.codec import CodecError, decode, decode_counters, encode, encode_map, field_path
 from proto.inventory import ReadError
 from proto.messages import CounterBatch, PortCounters
-from proto.packedcounters import PackedCounterBatch, pack, unpack
+from proto.packedcounters import (
+    CleanPackedCounterBatch,
+    CleanPackedPort,
+    PackedCounterBatch,
+    PackedPort,
+    pack,
+    unpack,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PACKED_V1 = DATA / "counters-v1-packed.msgpack"
@@ -258,3 +266,85 @@ def test_corrupted_indexes_give_a_codec_error_or_a_batch(
         ingested = decode_counters(msgspec.msgpack.encode(raw))
         if isinstance(ingested, PackedCounterBatch):
             assert isinstance(unpack(ingested), CounterBatch)
+
+
+def test_clean_types_are_the_same_wire_form() -> None:
+    """The stricter types decode the same arrays: same fields in the same order, same tag."""
+    pairs: list[tuple[Any, Any]] = [
+        (CleanPackedPort, PackedPort),
+        (CleanPackedCounterBatch, PackedCounterBatch),
+    ]
+    for strict, lenient in pairs:
+        assert [f.name for f in msgspec.structs.fields(strict)] == [
+            f.name for f in msgspec.structs.fields(lenient)
+        ]
+    message = batch(ports=(port(saturated=(), resets=()),), errors=())
+    ingested = decode_counters(encode(message))
+    assert type(ingested) is CleanPackedCounterBatch
+    plain = msgspec.msgpack.decode(encode(message), type=PackedCounterBatch)
+    assert msgspec.msgpack.encode(ingested) == msgspec.msgpack.encode(plain)
+    assert unpack(ingested) == message
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"rates": {"rx_bytes": math.nan}}, "NaN rate"),
+        ({"rates": {"rx_bytes": math.inf}}, "infinite rate"),
+        ({"rates": {"rx_bytes": -1.0}}, "negative rate"),
+        ({"counters": {"port_rcv_data": -1}}, "negative counter"),
+        ({"saturated": ("counters/port_rcv_data",), "resets": ()}, "saturated"),
+        ({"resets": ("counters/port_rcv_data",), "saturated": ()}, "reset"),
+        ({"removed": ("rx_bytes",), "saturated": (), "resets": ()}, "removed"),
+    ],
+)
+def test_a_value_to_look_at_decodes_as_a_plain_packed_batch(
+    changes: dict[str, Any], why: str
+) -> None:
+    clean = port(saturated=(), resets=())
+    message = batch(ports=(clean, msgspec.structs.replace(clean, port=2, **changes)))
+    ingested = decode_counters(encode(message))
+    assert type(ingested) is PackedCounterBatch, why
+    assert encode(unpack(ingested)) == encode(message)
+
+
+def test_a_bad_payload_names_the_field_whichever_decoder_saw_it_first() -> None:
+    raw = msgspec.msgpack.decode(encode(batch(errors=())))
+    raw[9][0][3] = ["x"]  # a counter value that is not an int
+    with pytest.raises(CodecError) as caught:
+        decode_counters(msgspec.msgpack.encode(raw))
+    assert caught.value.path == "$.ports[0].counter_values[0]"
+
+
+signed = st.integers(min_value=-3, max_value=2**64 - 1)
+any_rate = st.floats(width=64) | st.sampled_from([0.0, -0.0, 1.0])
+looked_at = st.builds(
+    PortCounters,
+    device=st.sampled_from(["mlx5_0", "mlx5_1"]),
+    port=st.integers(1, 2),
+    counters=st.dictionaries(names, signed, max_size=4),
+    rates=st.dictionaries(rate_keys, any_rate, max_size=4),
+    saturated=st.lists(rate_keys, max_size=1).map(tuple),
+    resets=st.lists(rate_keys, max_size=1).map(tuple),
+    removed=st.lists(rate_keys, max_size=1).map(tuple),
+)
+
+
+def _nothing_to_look_at(port: PortCounters) -> bool:
+    return (
+        not (port.saturated or port.resets or port.removed)
+        and all(v >= 0 for v in port.counters.values())
+        and all(math.isfinite(r) and r >= 0 for r in port.rates.values())
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(looked_at, max_size=4).map(tuple))
+def test_a_batch_decodes_clean_exactly_when_no_port_has_a_value_to_look_at(
+    ports: tuple[PortCounters, ...],
+) -> None:
+    message = CounterBatch(node="n", seq=1, collected_at=1.0, ports=ports)
+    ingested = decode_counters(encode(message))
+    assert (type(ingested) is CleanPackedCounterBatch) == all(map(_nothing_to_look_at, ports))
+    assert isinstance(ingested, PackedCounterBatch)
+    assert encode(unpack(ingested)) == encode(message)
