@@ -102,6 +102,7 @@ class Reconciler:
         self._statuses: dict[str, PolicyStatus] = {}
         self._leading = False
         self._known: set[str] = set()
+        changes.ignore(_QUIET_KINDS, self._known)  # counters of a known node change no plan
         self._latest = ReconcileReport(at=0.0, leader=False, policy_version=0)
         self.rounds = 0
         self._round_started = 0.0  # time.monotonic() of the last round's start
@@ -173,6 +174,7 @@ class Reconciler:
             previous = msgspec.structs.replace(previous, desired=dict(self._store.stored))
         fleet = self._fleet.view()
         self._known = set(fleet)
+        self._changes.ignore(_QUIET_KINDS, self._known)
         new = plan(current.policies, fleet, cluster, previous=previous)
         now = self._clock()
         statuses = {

@@ -1,0 +1,33 @@
+"""aggregator.changes: every subscriber sees every change, coalesced; `ignore` keeps the
+kinds a subscriber has no use for (counters of known nodes, for the reconciler) from
+waking it."""
+
+from __future__ import annotations
+
+from aggregator.changes import ChangeFeed
+
+
+async def test_each_subscriber_gets_every_change_coalesced() -> None:
+    feed = ChangeFeed()
+    first, second = feed.subscribe(), feed.subscribe()
+    for node, kind in [("a", "counters"), ("b", "snapshot"), ("a", "counters")]:
+        feed.publish(node, kind)
+    assert await first.wait(0) == ({"a", "b"}, {"counters", "snapshot"})
+    assert await second.wait(0) == ({"a", "b"}, {"counters", "snapshot"})
+    assert await first.wait(0) == (set(), set())  # read: nothing until the next change
+
+
+async def test_ignored_kinds_of_known_nodes_do_not_wake_the_subscriber() -> None:
+    feed = ChangeFeed()
+    quiet, other = feed.subscribe(), feed.subscribe()
+    known: set[str] = {"a"}
+    quiet.ignore(frozenset({"counters"}), known)
+    feed.publish("a", "counters")
+    assert await quiet.wait(0) == (set(), set())
+    feed.publish("b", "counters")  # a node it does not know yet
+    feed.publish("a", "status")  # a kind it wants
+    assert await quiet.wait(0) == ({"a", "b"}, {"counters", "status"})
+    known.add("b")  # held by reference: the subscriber's own set grows
+    feed.publish("b", "counters")
+    assert await quiet.wait(0) == (set(), set())
+    assert await other.wait(0) == ({"a", "b"}, {"counters", "status"})
