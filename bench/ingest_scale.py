@@ -233,7 +233,10 @@ async def sample(
                 spy = await start_py_spy(agg, args, spy_out)
             row["rss_kb"], row["cpu_s"] = rss_kb(agg.proc.pid), cpu_s(agg.proc.pid)
             try:
-                row["applied"] = (await agg.applied(http)).get("messages:counters", 0)
+                counts = await agg.applied(http)
+                row["applied"] = counts.get("messages:counters", 0)
+                for key in ("rule_cycles", "findings", "alerts_firing"):
+                    row[key] = counts.get(key)
                 lags = [await agg.lag(http, p) for p in probes]
                 row["lag_s"] = [lag[0] for lag in lags if lag is not None]
                 row["age_s"] = [lag[1] for lag in lags if lag is not None]

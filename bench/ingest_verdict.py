@@ -99,6 +99,10 @@ def analyse_aggregator(
         out["window_s"] = round(dt, 1)
         out["aggregator_msgs_s"] = round((b["applied"] - a["applied"]) / dt)
         out["aggregator_cpu_pct"] = round(100 * (b["cpu_s"] - a["cpu_s"]) / dt)
+        if a.get("rule_cycles") is not None and b.get("rule_cycles") is not None:
+            out["rule_cycles_s"] = round((b["rule_cycles"] - a["rule_cycles"]) / dt, 1)
+        out["findings_end"] = b.get("findings")
+        out["alerts_firing_end"] = b.get("alerts_firing")
         for key, name in (("lag_s", "lag"), ("age_s", "age")):
             head = [x for r in window[:3] for x in r.get(key, [])]
             tail = [x for r in window[-3:] for x in r.get(key, [])]

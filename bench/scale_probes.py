@@ -98,6 +98,8 @@ class Aggregator:
         self.api_url = json.loads(self.ready_file.read_text())["api_url"]
 
     async def applied(self, http: aiohttp.ClientSession) -> dict[str, float]:
+        """From /metrics: messages applied and rejected ("messages:<kind>",
+        "rejected:<kind>"), rule engine cycles, findings and firing alerts."""
         async with http.get(f"{self.api_url}/metrics") as resp:
             text = await resp.text()
         out: dict[str, float] = {}
@@ -107,6 +109,11 @@ class Aggregator:
                     if sample.name.endswith("_total"):
                         key = f"{family.name.rsplit('_', 1)[1]}:{sample.labels.get('kind')}"
                         out[key] = out.get(key, 0.0) + sample.value
+            elif family.name == "nicfleet_rule_evaluations":  # engine cycles, any trigger
+                total = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                out["rule_cycles"] = total
+            elif family.name in ("nicfleet_findings", "nicfleet_alerts_firing"):
+                out[family.name.removeprefix("nicfleet_")] = family.samples[0].value
         return out
 
     async def lag(self, http: aiohttp.ClientSession, node: str) -> tuple[float, float] | None:

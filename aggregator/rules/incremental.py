@@ -238,8 +238,7 @@ class IncrementalRules:
             if old is None or new is None:
                 fields[name] = _ALL_FIELDS
             else:
-                values = zip(_FIELDS, astuple(old), astuple(new), strict=True)
-                fields[name] = frozenset([f for f, a, b in values if a is not b])
+                fields[name] = frozenset(compress(_FIELDS, map(is_not, astuple(old), astuple(new))))
         return fields
 
     def _sub(self, names: Iterable[str]) -> tuple[dict[str, NodeRecord], ClusterView]:

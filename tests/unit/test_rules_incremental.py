@@ -5,11 +5,12 @@ fleet-level rules' summaries (tally/settle) and of the rule classification."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -18,7 +19,7 @@ from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
 from aggregator.fleet import Fleet
 from aggregator.rules import fleetpolicy, links, versions
 from aggregator.rules.catalog import RULE_IDS
-from aggregator.rules.duetimes import DueNodes
+from aggregator.rules.duetimes import SLACK_S, DueNodes
 from aggregator.rules.incremental import IncrementalRules
 from aggregator.rules.peers import Peer, PeerRule
 from aggregator.rules.registry import FLEET_RULES, NODE_RULES, PEER_RULES, TIME_RULES, evaluate
@@ -365,6 +366,40 @@ def test_the_alert_engine_rules_are_the_incremental_ones() -> None:
         found = rules.evaluate(fleet, policies, NO_CLUSTER, T0 + step)
         assert found == evaluate(fleet.view(), policies, NO_CLUSTER, T0 + step)
     assert rules._incremental.rebuilds == 1
+
+
+_due_ops = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.none() | st.just(math.nan) | st.integers(0, 40))
+    | st.integers(0, 40),  # a time to advance to (forwards or back)
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_due_ops)
+def test_due_nodes_are_active_exactly_when_due(ops: list[tuple[str, float | None] | int]) -> None:
+    """Against a model: after `advance(now)` the active nodes are those whose due time
+    (less SLACK_S) is reached or NaN; it returns the active ones that no longer are."""
+    due, model = DueNodes(), {}
+    active: set[str] = set()
+    for op in ops:
+        if isinstance(op, int):
+            now = float(op)
+            expected = {n for n, at in model.items() if math.isnan(at) or at - SLACK_S <= now}
+            back = {n for n in active if n in model and model[n] - SLACK_S > now}
+            assert due.advance(now) == back
+            assert due.active == expected
+            active = set(expected)
+        else:
+            name, at = op
+            due.reschedule(name, None if at is None else float(at))
+            active.discard(name)
+            if at is None:
+                model.pop(name, None)
+            else:
+                model[name] = float(at)
+                if math.isnan(at):
+                    active.add(name)
 
 
 def test_due_nodes_wake_at_their_due_time_and_sleep_when_the_clock_goes_back() -> None:
