@@ -113,7 +113,7 @@ class Aggregator:
                 total = sum(s.value for s in family.samples if s.name.endswith("_total"))
                 out["rule_cycles"] = total
             elif family.name in ("nicfleet_findings", "nicfleet_alerts_firing"):
-                out[family.name.removeprefix("nicfleet_")] = family.samples[0].value
+                out[family.name.removeprefix("nicfleet_")] = sum(s.value for s in family.samples)
         return out
 
     async def lag(self, http: aiohttp.ClientSession, node: str) -> tuple[float, float] | None:
