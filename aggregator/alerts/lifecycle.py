@@ -158,7 +158,11 @@ class Stepper:
                 if before.get(k) is not f or (old := states.get(k)) is None
                 or old.phase != "firing"
             ]  # fmt: skip
-            todo.extend(states.keys() - present.keys())
+            # A resolved alert only waits out its retention: skip it until it would move
+            # (a fleet-wide episode leaves one per node, listed for an hour).
+            todo.extend(
+                k for k in states.keys() - present.keys() if not _resting(states[k], now, settings)
+            )
             result = dict(states)
         done = _advance(states, present, todo, result, now, settings, held)
         self._last = (done.states, present)
@@ -217,6 +221,19 @@ def _advance(
         changed=frozenset(changed),
         removed=frozenset(removed),
     )
+
+
+def _resting(old: Tracked, now: float, settings: LifecycleSettings) -> bool:
+    """Whether `_absent(old, now, settings)` would return `old` itself: a resolved alert
+    whose firings are all still within the flap window and, with none, whose retention
+    has not run out (the same comparisons as `_absent`)."""
+    if old.phase != "resolved":
+        return False
+    window = settings.flap_window_s
+    if old.fired_at:
+        return all(now - t < window for t in old.fired_at)
+    ends_at = old.alert.ends_at if old.alert.ends_at is not None else now
+    return not now - ends_at >= settings.resolved_retention_s
 
 
 def _recent(fired_at: tuple[float, ...], now: float, window: float) -> tuple[float, ...]:

@@ -5,10 +5,14 @@ severities changing, held nodes, `for`/`clear` timings, flapping, retention, rel
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
+from aggregator.alerts import lifecycle
 from aggregator.alerts.lifecycle import LifecycleSettings, RuleTiming, Stepper, Tracked, step
 from aggregator.rules.finding import Finding
 
@@ -103,3 +107,34 @@ def test_unchanged_firing_alerts_are_not_advanced_again() -> None:
     again = stepper.step(fired.states, findings, 1.0, LifecycleSettings())
     assert again.states == fired.states and not again.changed and not again.transitions
     assert all(again.states[k] is fired.states[k] for k in fired.states)
+
+
+def test_resolved_alerts_are_not_advanced_again_until_their_retention_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fleet-wide episode leaves a resolved alert per node for an hour: a cycle skips
+    them (counted by the calls of `_absent`) until one would move."""
+    stepper = Stepper()
+    timing = LifecycleSettings(flap_window_s=10, resolved_retention_s=60)
+    findings = [finding("port-down", "n0", s, "critical", 0) for s in SUBJECTS]
+    fired = stepper.step({}, findings, 0.0, timing)
+    resolved = stepper.step(fired.states, [], 1.0, timing)
+    assert {s.phase for s in resolved.states.values()} == {"resolved"}
+    calls: list[str] = []
+    absent = lifecycle._absent
+
+    def counted(old: Tracked, now: float, settings: LifecycleSettings) -> Any:
+        calls.append(old.alert.fingerprint)
+        return absent(old, now, settings)
+
+    monkeypatch.setattr(lifecycle, "_absent", counted)
+    rested = stepper.step(resolved.states, [], 5.0, timing)
+    assert not calls and rested.states == resolved.states and not rested.changed
+    aged = stepper.step(rested.states, [], 11.0, timing)  # the firing left the flap window
+    assert len(calls) == 3 and len(aged.changed) == 3
+    assert all(not s.fired_at for s in aged.states.values())
+    calls.clear()
+    later = stepper.step(aged.states, [], 40.0, timing)
+    assert later.states == aged.states and not calls
+    gone = stepper.step(later.states, [], 61.0, timing)  # retention over: forgotten
+    assert len(calls) == 3 and not gone.states and len(gone.removed) == 3
