@@ -20,7 +20,6 @@ from aggregator.heldcounters import (
     Shapes,
     flagged,
     packed_values_clean,
-    port_keys,
     values_clean,
 )
 from aggregator.heldcounters import merge_counter_delta as merge_counter_delta  # re-exported
@@ -262,7 +261,7 @@ class Fleet:
                                 batch=decoded)  # fmt: skip
             return held, seq, _NOTHING
         base = self._counter_bases.get(batch.node)
-        listed = port_keys(ports)
+        listed = self._shapes.ports(ports)
         if base is None or base.seq != batch.base_seq or not listed <= base.ports:
             return None
         verified = type(batch) is CleanPackedCounterBatch  # no flag, no value to look at

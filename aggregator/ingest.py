@@ -42,7 +42,7 @@ class Ingest:
         self._on_change = on_change
         self._logged: set[tuple[str, str]] = set()
         self._subjects: dict[str, tuple[str, str]] = {}
-        self._accepted = {kind: metrics.messages.labels(kind) for kind in subjects.NODE_KINDS}
+        self._accepted = metrics.messages.by_kind
 
     def handle(self, subject: str, data: bytes) -> bool:
         """Apply one message; return False (after counting it) when it was rejected."""
@@ -84,7 +84,7 @@ class Ingest:
                 self._fleet.apply_status(status, now)
         except CodecError as exc:
             return self._reject(kind, "decode", subject, str(exc))
-        self._accepted[kind].inc()
+        self._accepted[kind] += 1
         if self._on_change is not None:
             self._on_change(node, kind)
         return True

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from aggregator.fleet import NODE_STATES, Fleet, node_state
@@ -24,10 +24,36 @@ from proto.messages import Alert
 RECONCILE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
+class IngestCounts(Collector):
+    """Node messages accepted, by kind: plain ints the ingest bumps (`by_kind[kind] += 1`;
+    at 10,000 messages a second a prometheus Counter's lock cost ~2.5 µs each), exported
+    at scrape time as the counter `nicfleet_ingest_messages{kind}`."""
+
+    def __init__(self) -> None:
+        self.by_kind: dict[str, int] = dict.fromkeys(subjects.NODE_KINDS, 0)
+
+    @classmethod
+    def registered(cls, registry: CollectorRegistry) -> IngestCounts:
+        counts = cls()
+        registry.register(counts)
+        return counts
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "nicfleet_ingest_messages", "Node messages accepted, by kind.", labels=["kind"]
+        )
+        for kind, count in self.by_kind.items():
+            family.add_metric([kind], count)
+        yield family
+
+
 @dataclass(frozen=True)
 class Metrics:
     registry: CollectorRegistry
-    messages: Counter
+    messages: IngestCounts
     rejected: Counter
     kv_writes: Counter
     kv_write_errors: Counter
@@ -39,12 +65,7 @@ class Metrics:
         reg = registry if registry is not None else CollectorRegistry()
         return cls(
             registry=reg,
-            messages=Counter(
-                "nicfleet_ingest_messages",
-                "Node messages accepted, by kind.",
-                ["kind"],
-                registry=reg,
-            ),
+            messages=IngestCounts.registered(reg),
             rejected=Counter(
                 "nicfleet_ingest_rejected",
                 "Node messages dropped, by kind and reason (subject, decode, node-mismatch).",
