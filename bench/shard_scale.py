@@ -17,12 +17,14 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 from loadgen import LoadGen, LoadSpec, build_templates
 from prometheus_client.parser import text_string_to_metric_families
+from scale_probes import cpu_s
 
 from aggregator.natsauth import render_mappings_config
 from aggregator.natsserver import NatsServer, NatsServerSettings
@@ -74,19 +76,31 @@ async def one(replicas: int, nodes: int, args: argparse.Namespace, work: Path) -
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 await asyncio.sleep(max(0.0, start_at - time.time()) + args.duration / 2)
                 t0, c0 = time.monotonic(), await total(http, running)
+                cpu0 = replica_cpu_s(running)
                 await asyncio.sleep(args.duration / 2 - 1)
                 t1, c1 = time.monotonic(), await total(http, running)
+                cpu1 = replica_cpu_s(running)
             await asyncio.to_thread(gen.finish)
         finally:
             gen.stop()
     rate = (c1 - c0) / (t1 - t0)
+    busy = [round(100 * (b - a) / (t1 - t0)) for a, b in zip(cpu0, cpu1, strict=True)]
+    spent = sum(cpu1) - sum(cpu0)
     return {
         "replicas": replicas,
         "nodes": nodes,
         "offered_msgs_s": nodes,
         "applied_msgs_s": round(rate, 1),
         "sustained": rate >= SUSTAINED * nodes,
+        "replica_cpu_pct": busy,  # each replica's share of one core over the window
+        # Replica CPU per applied message, all replicas together: flat when sharding adds no
+        # per-message work, so N replicas on N free cores apply N times one replica's rate.
+        "replica_cpu_us_per_msg": round(1e6 * spent / (c1 - c0), 1) if c1 > c0 else None,
     }
+
+
+def replica_cpu_s(running: Sequence[ShardReplica]) -> list[float]:
+    return [cpu_s(r.proc.pid) if r.proc is not None else 0.0 for r in running]
 
 
 def main() -> None:

@@ -7,8 +7,10 @@ restart finds every firing alert and does not notify it again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Final
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
@@ -21,6 +23,8 @@ from aggregator.kvread import bucket_keys
 from proto.codec import CodecError, decode, encode
 
 log = logging.getLogger(__name__)
+# Writes awaited together (as the node store does): one round trip per batch, not per key.
+WRITES_IN_FLIGHT: Final = 32
 
 
 async def load_states(kv: KeyValue) -> dict[str, Tracked]:
@@ -79,37 +83,45 @@ class AlertStore:
         changed: Iterable[str],
         removed: Iterable[str],
     ) -> tuple[int, int]:
-        """Persist; return (writes, failures)."""
+        """Persist; return (writes, failures). Up to WRITES_IN_FLIGHT at a time: a
+        fleet-wide episode (10,000 stale agents resolving) is not written one round trip
+        after the other while new alerts wait for the next cycle."""
         changed, removed = set(changed), set(removed)
         self._gone = (self._gone - changed) | removed
-        self._dirty = (self._dirty | changed) - removed
-        writes = failures = 0
-        for key in sorted(self._dirty):
-            state = states.get(key)
-            if state is None:
-                self._dirty.discard(key)
-                continue
+        self._dirty = {key for key in (self._dirty | changed) - removed if key in states}
+
+        async def put(key: str) -> bool:
             try:
-                await self._kv.put(key, encode(state))
+                await self._kv.put(key, encode(states[key]))
             except (TimeoutError, JetStreamError, OSError) as exc:
-                failures += 1
                 self.last_error = f"alert state write {key} failed: {exc}"
-                continue
+                return False
             self._dirty.discard(key)
-            writes += 1
-        for key in sorted(self._gone):
+            return True
+
+        async def delete(key: str) -> bool:
             try:
                 await self._kv.delete(key)
             except KeyNotFoundError:
                 pass
             except (TimeoutError, JetStreamError, OSError) as exc:
-                failures += 1
                 self.last_error = f"alert state delete {key} failed: {exc}"
-                continue
+                return False
             self._gone.discard(key)
-            writes += 1
+            return True
+
+        done = await _each(sorted(self._dirty), put) + await _each(sorted(self._gone), delete)
+        writes, failures = done.count(True), done.count(False)
         if failures:
             log.warning("%s (%d failures, will retry)", self.last_error, failures)
         else:
             self.last_error = None
         return writes, failures
+
+
+async def _each(keys: list[str], write: Callable[[str], Awaitable[bool]]) -> list[bool]:
+    """`write` of every key, WRITES_IN_FLIGHT at a time, in order."""
+    done: list[bool] = []
+    for start in range(0, len(keys), WRITES_IN_FLIGHT):
+        done += await asyncio.gather(*map(write, keys[start : start + WRITES_IN_FLIGHT]))
+    return done
