@@ -12,6 +12,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
+from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from tests.conftest import wait_until
@@ -48,6 +49,23 @@ async def put_acknowledged(kv: KeyValue, key: str, value: bytes) -> None:
         return True
 
     await wait_until(acknowledged, timeout=30, interval=0.1, what=f"put {key} acknowledged")
+
+
+async def read_settled(kv: KeyValue, key: str) -> bytes | None:
+    """A key's value read through a server that may still be catching up with the new
+    stream leader: "JetStream system temporarily unavailable" (503) and timeouts are
+    retried, bounded; a missing key is not (that would be a lost write)."""
+    got: list[bytes | None] = []
+
+    async def read() -> bool:
+        try:
+            got.append((await kv.get(key)).value)
+        except (ServiceUnavailableError, TimeoutError):
+            return False
+        return True
+
+    await wait_until(read, timeout=30, interval=0.1, what=f"read {key} through a survivor")
+    return got[-1]
 
 
 async def stream_leader(nc: NatsClient) -> str | None:
@@ -98,7 +116,7 @@ async def test_r3_kv_survives_killing_the_stream_leader(tmp_path: Path) -> None:
                 # No acknowledged write lost, read through a survivor.
                 kv_b = await b.jetstream().key_value(BUCKET)
                 for key, value in acked.items():
-                    assert (await kv_b.get(key)).value == value, key
+                    assert await read_settled(kv_b, key) == value, key
             finally:
                 await a.close()
                 await b.close()
