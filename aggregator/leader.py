@@ -20,7 +20,6 @@ import msgspec
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -30,6 +29,7 @@ from nats.js.kv import KeyValue
 from aggregator.errors import AggregatorError, StoreError
 from aggregator.kube import KubeClient
 from aggregator.kube_objects import LeaseRecord
+from aggregator.store import open_bucket
 
 log = logging.getLogger(__name__)
 
@@ -184,11 +184,11 @@ class NatsLease:
     async def open(
         cls, js: JetStreamContext, ttl_s: float, bucket: str = LEADER_BUCKET
     ) -> NatsLease:
+        """Bind to (or create) the lease bucket; a cluster without a JetStream leader yet
+        is waited for as `open_bucket` does (a replica started beside a NATS cluster
+        that is still electing used to exit here)."""
         try:
-            try:
-                kv = await js.key_value(bucket)
-            except BucketNotFoundError:
-                kv = await js.create_key_value(bucket=bucket, history=1, description="nicfleet")
+            kv = await open_bucket(js, bucket)
         except NatsError as exc:
             raise StoreError(f"cannot open KV bucket {bucket}: {exc}") from exc
         return cls(kv, ttl_s)

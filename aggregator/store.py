@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
@@ -102,13 +102,14 @@ async def _ensure_bucket_once(js: JetStreamContext, name: str, *, replicas: int)
 async def open_bucket(
     js: JetStreamContext, name: str = subjects.KV_NODES, *, settle_s: float = 30.0
 ) -> KeyValue:
-    """Bind to the bucket, creating it on first use. Timeouts (a JetStream cluster still
-    electing its meta leader, a client between servers) are retried for `settle_s`."""
+    """Bind to the bucket, creating it on first use. Timeouts and "JetStream system
+    temporarily unavailable" (a JetStream cluster still electing its meta leader or
+    without quorum, a client between servers) are retried for `settle_s`."""
     deadline = asyncio.get_running_loop().time() + settle_s
     while True:
         try:
             return await _open_bucket_once(js, name)
-        except TimeoutError as exc:
+        except (TimeoutError, ServiceUnavailableError) as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise StoreError(f"cannot open KV bucket {name}: {exc!r}") from exc
             log.info("KV bucket %s: %r; retrying", name, exc)

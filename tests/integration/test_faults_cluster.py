@@ -1,6 +1,7 @@
 """Fault: the stream leader of a replicated (R3) KV bucket is SIGKILLed in a 3-server
 JetStream cluster on loopback. Writes and reads resume after re-election, core publish
-and subscribe keep working on the survivors, and no acknowledged write is lost.
+and subscribe keep working on the survivors, and no acknowledged write is lost. And a
+cluster without JetStream quorum: the leader lease bucket is waited for, not given up on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
+from aggregator.leader import NatsLease
 from tests.conftest import wait_until
 from tests.integration.jscluster import js_cluster
 
@@ -120,5 +122,28 @@ async def test_r3_kv_survives_killing_the_stream_leader(tmp_path: Path) -> None:
             finally:
                 await a.close()
                 await b.close()
+        finally:
+            await nc.close()
+
+
+async def test_the_lease_bucket_is_waited_for_while_the_cluster_has_no_quorum(
+    tmp_path: Path,
+) -> None:
+    """A replica started while its NATS cluster has no JetStream quorum (two of three
+    servers down) keeps trying to open the leader lease bucket instead of exiting, and
+    opens it once a second server is back."""
+    with js_cluster(tmp_path) as servers:
+        nc = await nats.connect(servers["n1"].url)
+        try:
+            await create_r3_bucket(nc)  # the cluster formed: its peers known to each other
+            for name in ("n2", "n3"):
+                await asyncio.to_thread(servers[name].stop)
+            js = nc.jetstream(timeout=1.0)
+            with pytest.raises((TimeoutError, ServiceUnavailableError)):  # no quorum: no KV
+                await js.create_key_value(bucket="probe", history=1)
+            opening = asyncio.ensure_future(NatsLease.open(js, ttl_s=6.0))
+            await asyncio.to_thread(servers["n2"].restart)
+            lease = await asyncio.wait_for(opening, timeout=60)
+            assert await lease.read() is None  # an empty lease bucket, readable
         finally:
             await nc.close()
