@@ -28,8 +28,7 @@ from proto.packedcounters import CleanPackedCounterBatch, PackedCounterBatch, Pa
 PortKey = tuple[str, int]  # (device, port)
 _K = TypeVar("_K")
 _V = TypeVar("_V", int, float)
-_K2 = TypeVar("_K2")
-_V2 = TypeVar("_V2")
+_T = TypeVar("_T")
 # Decoded, checked but packed (proto.codec.decode_counters), or the encoded message
 # exactly as received.
 Wire = CounterBatch | PackedCounterBatch | bytes
@@ -231,7 +230,7 @@ def _shared(cache: dict[frozenset[_K], frozenset[_K]], value: frozenset[_K]) -> 
     return found
 
 
-def _put(cache: dict[_K2, _V2], key: _K2, value: _V2) -> _V2:
+def _put(cache: dict[_K, _T], key: _K, value: _T) -> _T:
     if len(cache) >= Shapes.MAX:
         cache.clear()
     cache[key] = value

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Final
+from typing import Final, TypeVar
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -31,6 +31,8 @@ from proto.codec import CodecError, decode, encode
 from proto.inventory import Base, NodeSnapshot
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 # KV puts awaited together: each is a JetStream publish waiting for its ack.
 WRITES_IN_FLIGHT: Final = 32
@@ -125,6 +127,14 @@ async def _open_bucket_once(js: JetStreamContext, name: str) -> KeyValue:
         return await js.create_key_value(bucket=name, history=1, description="nicfleet")
     except JetStreamError as exc:
         raise StoreError(f"cannot create KV bucket {name}: {exc}") from exc
+
+
+async def in_flight(items: Sequence[_T], write: Callable[[_T], Awaitable[_R]]) -> list[_R]:
+    """`write` of every item, WRITES_IN_FLIGHT awaited together, results in order."""
+    done: list[_R] = []
+    for start in range(0, len(items), WRITES_IN_FLIGHT):
+        done += await asyncio.gather(*map(write, items[start : start + WRITES_IN_FLIGHT]))
+    return done
 
 
 async def load_nodes(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[StoredNode]:
@@ -237,10 +247,7 @@ class SnapshotWriter:
 
     async def flush(self) -> None:
         batch, self._pending = self._pending, {}
-        items = list(batch.items())
-        for start in range(0, len(items), WRITES_IN_FLIGHT):
-            chunk = items[start : start + WRITES_IN_FLIGHT]
-            await asyncio.gather(*(self._write(node, stored) for node, stored in chunk))
+        await in_flight(list(batch.items()), lambda item: self._write(*item))
         if not self._pending:
             if not self.healthy:
                 log.info("KV writes to %s work again", subjects.KV_NODES)

@@ -7,10 +7,8 @@ restart finds every firing alert and does not notify it again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final
+from collections.abc import Iterable, Mapping
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
@@ -20,11 +18,10 @@ from nats.js.kv import KeyValue
 from aggregator.alerts.lifecycle import Tracked
 from aggregator.errors import StoreError
 from aggregator.kvread import bucket_keys
+from aggregator.store import in_flight
 from proto.codec import CodecError, decode, encode
 
 log = logging.getLogger(__name__)
-# Writes awaited together (as the node store does): one round trip per batch, not per key.
-WRITES_IN_FLIGHT: Final = 32
 
 
 async def load_states(kv: KeyValue) -> dict[str, Tracked]:
@@ -83,7 +80,7 @@ class AlertStore:
         changed: Iterable[str],
         removed: Iterable[str],
     ) -> tuple[int, int]:
-        """Persist; return (writes, failures). Up to WRITES_IN_FLIGHT at a time: a
+        """Persist; return (writes, failures). Several in flight (`in_flight`): a
         fleet-wide episode (10,000 stale agents resolving) is not written one round trip
         after the other while new alerts wait for the next cycle."""
         changed, removed = set(changed), set(removed)
@@ -110,18 +107,11 @@ class AlertStore:
             self._gone.discard(key)
             return True
 
-        done = await _each(sorted(self._dirty), put) + await _each(sorted(self._gone), delete)
+        done = await in_flight(sorted(self._dirty), put)
+        done += await in_flight(sorted(self._gone), delete)
         writes, failures = done.count(True), done.count(False)
         if failures:
             log.warning("%s (%d failures, will retry)", self.last_error, failures)
         else:
             self.last_error = None
         return writes, failures
-
-
-async def _each(keys: list[str], write: Callable[[str], Awaitable[bool]]) -> list[bool]:
-    """`write` of every key, WRITES_IN_FLIGHT at a time, in order."""
-    done: list[bool] = []
-    for start in range(0, len(keys), WRITES_IN_FLIGHT):
-        done += await asyncio.gather(*map(write, keys[start : start + WRITES_IN_FLIGHT]))
-    return done
