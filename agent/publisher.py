@@ -29,6 +29,7 @@ from proto.natsconnect import (
     agent_inbox_prefix,
     connect_options,
 )
+from proto.natsflush import flush_in_order
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class Publisher:
     async def flush(self, timeout: float = 2.0) -> None:
         if self._nc is not None and self._nc.is_connected:
             try:
-                await self._nc.flush(timeout=int(max(1, timeout)))
+                await flush_in_order(self._nc, timeout=timeout)
             except (TimeoutError, NatsError, OSError) as exc:
                 log.debug("flush failed: %s", exc)
 

@@ -18,6 +18,7 @@ from proto import subjects
 from proto.codec import encode
 from proto.messages import ValidationResult
 from proto.natsconnect import NatsClientSecurity, connect_options
+from proto.natsflush import flush_in_order
 
 
 class PublishFailed(AgentError):
@@ -56,7 +57,7 @@ async def publish_result(
             continue
         try:
             await nc.publish(subject, encode(result))
-            await nc.flush(timeout=max(1, int(deadline - time.monotonic())))
+            await flush_in_order(nc, timeout=deadline - time.monotonic())
             return subject
         except (TimeoutError, OSError, NatsError) as exc:
             raise PublishFailed(f"publishing on {subject} failed: {exc}") from exc

@@ -22,6 +22,7 @@ from aggregator.changes import either
 from proto import subjects
 from proto.codec import encode
 from proto.messages import MAX_RESYNC_SPREAD_S, ResyncReason, ResyncRequest
+from proto.natsflush import flush_in_order
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class ResyncRequester:
         )
         try:
             await self._nc.publish(subjects.CONTROL_RESYNC, encode(message))
-            await self._nc.flush(timeout=2)
+            await flush_in_order(self._nc, timeout=2)
         except (TimeoutError, NatsError, OSError) as exc:
             # The next reconnect asks again; nats-py also re-sends a buffered publish.
             log.warning("resync request (%s) not confirmed: %s", reason, exc)

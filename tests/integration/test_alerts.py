@@ -32,6 +32,7 @@ from aggregator.store import StoredNode
 from proto import subjects
 from proto.codec import decode
 from proto.messages import Alert
+from proto.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import agent, lab_node
 
@@ -76,7 +77,7 @@ async def subscriber(url: str, *subjects: str) -> AsyncIterator[tuple[NatsClient
     inboxes = [Inbox() for _ in subjects]
     for subject, inbox in zip(subjects, inboxes, strict=True):
         await nc.subscribe(subject, cb=inbox.receive)
-    await nc.flush()
+    await flush_in_order(nc)
     try:
         yield nc, inboxes
     finally:

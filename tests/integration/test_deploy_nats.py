@@ -22,6 +22,7 @@ import pytest
 from aggregator.natskeys import Provisioned, provision
 from proto import subjects
 from proto.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
+from proto.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.unit.test_deploy import find, render
 
@@ -144,7 +145,7 @@ async def test_the_deployed_config_forms_an_authenticated_jetstream_cluster(
 
         subject = subjects.node_subject(NODE, "snapshot")
         await aggregator.subscribe(subject, cb=on_message)
-        await aggregator.flush()
+        await flush_in_order(aggregator)
 
         async def delivered() -> bool:
             # Interest reaches the agent's server over a route asynchronously: until it

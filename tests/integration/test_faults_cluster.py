@@ -17,6 +17,7 @@ from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from aggregator.leader import NatsLease
+from proto.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.integration.jscluster import js_cluster
 
@@ -105,7 +106,7 @@ async def test_r3_kv_survives_killing_the_stream_leader(tmp_path: Path) -> None:
             b = await nats.connect(survivors[1])
             try:
                 sub = await b.subscribe("faults.ping")
-                await b.flush()
+                await flush_in_order(b)
 
                 async def delivered() -> bool:  # interest crosses the route asynchronously
                     await a.publish("faults.ping", b"ping")

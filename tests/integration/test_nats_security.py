@@ -29,6 +29,7 @@ from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import DesiredConfig, DevicePluginConfig, ResyncRequest
 from proto.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
+from proto.natsflush import flush_in_order
 from tests import builders
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import lab_node
@@ -186,7 +187,7 @@ async def test_observer_reads_alerts_and_nothing_else(
         alerts = await nc.subscribe(subjects.ALERT_WILDCARD)
         await nc.subscribe(subjects.NODE_WILDCARD)
         await nc.publish(subjects.alert_subject("critical", "port-down", NODE_A), b"forged")
-        await nc.flush()
+        await flush_in_order(nc)
         await agg.publish(subjects.alert_subject("warning", "port-down", NODE_A), b"real")
         await agg.flush()
         msg = await alerts.next_msg(timeout=5)
@@ -208,7 +209,7 @@ async def test_agent_hears_resync_requests_and_nothing_else(
         await nc.subscribe(f"{subjects.PREFIX}.control.>")  # wider than granted
         await nc.subscribe(subjects.NODE_WILDCARD)
         await nc.publish(subjects.CONTROL_RESYNC, b"forged")  # only the aggregator may ask
-        await nc.flush()
+        await flush_in_order(nc)
         request = ResyncRequest(reason="start", requested_at=1.0)
         await agg.publish(subjects.CONTROL_RESYNC, encode(request))
         await agg.flush()

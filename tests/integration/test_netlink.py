@@ -39,6 +39,7 @@ from proto import subjects
 from proto.codec import decode
 from proto.inventory import NodeSnapshot
 from proto.messages import LinkEvent
+from proto.natsflush import flush_in_order
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -120,7 +121,7 @@ async def subscribed(url: str, node: str, kind: str, type_: type[T]) -> AsyncIte
     nc = await nats.connect(url)
     try:
         await nc.subscribe(subjects.node_subject(node, kind), cb=inbox.deliver)
-        await nc.flush()
+        await flush_in_order(nc)
         yield inbox
     finally:
         await nc.close()

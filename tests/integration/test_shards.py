@@ -33,6 +33,7 @@ from proto import subjects
 from proto.codec import decode, encode
 from proto.inventory import NodeSnapshot
 from proto.messages import Alert, DesiredConfig, ResyncRequest
+from proto.natsflush import flush_in_order
 from proto.policy import Policy, load_policies
 from tests.conftest import wait_until
 from tests.integration.faults import AggregatorProcess
@@ -89,7 +90,7 @@ async def partitions_seen(
         seen[parts[5]] = int(parts[3])
 
     sub = await nc.subscribe(subjects.PARTITION_WILDCARD, cb=got)
-    await nc.flush()
+    await flush_in_order(nc)
     for token in tokens:
         await publisher.publish(f"{subjects.PREFIX}.node.{token}.snapshot", b"x")
     await publisher.flush()
@@ -133,7 +134,7 @@ async def test_server_mapping_matches_partition_of_and_keeps_publish_permissions
                 got.append(msg.subject)
 
             await agg.subscribe(subjects.PARTITION_WILDCARD, cb=record)
-            await agg.flush()
+            await flush_in_order(agg)
             # Another node's subject is refused, mapped or not (permissions are checked
             # on the mapped subject; the agent may publish its own partition subjects).
             await agent.publish(subjects.node_subject("gpu-002", "snapshot"), b"x")

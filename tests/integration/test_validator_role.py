@@ -15,6 +15,7 @@ from aggregator.natskeys import new_user_seed, public_key
 from aggregator.natsserver import NatsServer, NatsServerSettings
 from proto import subjects
 from proto.natsconnect import NatsClientSecurity, connect_options
+from proto.natsflush import flush_in_order
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +51,16 @@ async def test_validator_publishes_results_only(validator_server: tuple[NatsServ
     nc = await nats.connect(server.url, error_cb=on_error, allow_reconnect=False, **options)
     try:
         await nc.publish(subjects.validation_subject("v-1"), b"result")
-        await nc.flush(timeout=5)
+        await flush_in_order(nc)
         assert violations.empty()  # allowed: nothing reported
         await nc.publish(subjects.node_subject("gpu-01", subjects.SNAPSHOT), b"forged")
-        await nc.flush(timeout=5)
+        await flush_in_order(nc)
         assert (
             "permissions violation for publish"
             in (await asyncio.wait_for(violations.get(), 5)).lower()
         )
         await nc.subscribe(subjects.VALIDATION_WILDCARD)
-        await nc.flush(timeout=5)
+        await flush_in_order(nc)
         assert (
             "permissions violation for subscription"
             in (await asyncio.wait_for(violations.get(), 5)).lower()
@@ -83,9 +84,9 @@ async def test_the_aggregator_receives_the_validators_result(
     )
     try:
         sub = await agg.subscribe(subjects.VALIDATION_WILDCARD)
-        await agg.flush(timeout=5)
+        await flush_in_order(agg)
         await pod.publish(subjects.validation_subject("v-2"), b"result")
-        await pod.flush(timeout=5)
+        await flush_in_order(pod)
         # Bounded, with room for a stalled machine (a 5 s wait once timed out in CI).
         msg = await sub.next_msg(timeout=30)
         assert (msg.subject, msg.data) == (subjects.validation_subject("v-2"), b"result")

@@ -26,6 +26,7 @@ from agent.lab.spec import load_builtin
 from aggregator.natsserver import NatsServer
 from proto.codec import decode, from_json
 from proto.messages import ValidationResult
+from proto.natsflush import flush_in_order
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -185,7 +186,7 @@ async def test_validation_pod_publishes_its_result(
     nc = await nats.connect(nats_server.url)
     try:
         sub = await nc.subscribe("nicfleet.v1.validation.v-123")
-        await nc.flush()
+        await flush_in_order(nc)
         env = base_env(NICFLEET_VALIDATION_ID="v-123", NICFLEET_NATS_URL=nats_server.url,
                        NICFLEET_RDMA_DEVICES="mlx5_0")  # fmt: skip
         process = await asyncio.create_subprocess_exec(

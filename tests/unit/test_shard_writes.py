@@ -44,6 +44,7 @@ from aggregator.store import StoredNode, open_bucket
 from proto import subjects
 from proto.codec import decode, encode
 from proto.messages import Alert, ResyncRequest
+from proto.natsflush import flush_in_order
 from proto.policy import Policy
 from tests.builders import T0, plugin_status, snapshot
 from tests.conftest import wait_until
@@ -202,7 +203,7 @@ async def test_takeover_requests_are_merged_and_a_broadcast_wins(nats_server: Na
         got.append(decode(msg.data, ResyncRequest))
 
     await nc.subscribe(subjects.CONTROL_RESYNC, cb=on)
-    await nc.flush()
+    await flush_in_order(nc)
     requester = ResyncRequester(nc, ResyncSettings(min_gap_s=0.05), nodes=lambda: 10,
                                 clock=lambda: 1.0)  # fmt: skip
     stop = asyncio.Event()
