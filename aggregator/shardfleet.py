@@ -1,7 +1,9 @@
 """The whole fleet as the sharded leader plans it (docs/scaling.md, "Writes"): its own
 nodes as ingested; every other node from KV `nicfleet-nodes` (each replica persists its
-own nodes' snapshots there) and a KV watch, plus every partition's device-plugin status
-messages, while this replica leads. The reconciler may write once it is `synced`.
+own nodes' snapshots there) and a KV watch while this replica leads, plus every
+partition's device-plugin status messages, which every replica follows all the time so
+that a new leader knows each node's applied config at once. The reconciler may write once
+it is `synced`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ class WholeFleet(Fleet):
         super().__init__()
         self._own, self._clock, self._bucket = own, clock, bucket
         self.synced = False  # the KV pass reached the bucket's last sequence
+        # Device-plugin status of every partition's nodes (KV does not keep it; agents send
+        # it on change, on resync and every inventory interval), followed by every replica.
+        self.statuses = Fleet()
+        self._status_ingest = Ingest(fleet=self.statuses, metrics=Metrics.create(),
+                                     clock=clock, on_snapshot=lambda _snap, _at: None)  # fmt: skip
+        self._following = False  # self holds the other shards' nodes (leading)
+        self.following_statuses = False  # subscribed (queued on the connection)
 
     def view(self) -> Mapping[str, NodeRecord]:
         if not len(self):
@@ -65,8 +74,34 @@ class WholeFleet(Fleet):
     async def run(
         self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, nc: NatsClient
     ) -> None:
-        """While `leading` is set: follow the nodes bucket and the device-plugin status of
-        every partition; when it clears, forget it all."""
+        """Follow every partition's device-plugin status; while `leading` is set, also the
+        nodes bucket (merged with those statuses); when it clears, forget the nodes."""
+        status = await nc.subscribe(partition_subject("*", "*", STATUS), cb=self._on_status)
+        self.following_statuses = True
+        try:
+            await self._lead_when_leading(stop, leading, kv, nc)
+        finally:
+            self.following_statuses = False
+            with contextlib.suppress(TimeoutError, NatsError, OSError):
+                await status.unsubscribe()
+
+    async def _on_status(self, msg: Msg) -> None:
+        subject = node_subject_of(msg.subject)
+        if not self._status_ingest.handle(subject, msg.data) or not self._following:
+            return
+        node, _ = subjects.parse_node_subject(subject)  # valid: the ingest accepted it
+        self._adopt_status(node)
+
+    def _adopt_status(self, node: str) -> None:
+        record = self.statuses.get(node)
+        if record is None or record.device_plugin is None:
+            return
+        received_at = record.device_plugin_received_at
+        self.apply_status(record.device_plugin, received_at or record.last_seen)
+
+    async def _lead_when_leading(
+        self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, nc: NatsClient
+    ) -> None:
         while not stop.is_set():
             await either(stop, leading)
             if stop.is_set():
@@ -78,25 +113,18 @@ class WholeFleet(Fleet):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=1.0)
             finally:
+                self._following = False
                 self.clear()
 
     async def _follow(
         self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, nc: NatsClient
     ) -> None:
-        # Policy status needs each node's device-plugin status, which KV does not keep:
-        # the agents send it on change, on resync and every inventory interval.
-        ingest = Ingest(fleet=self, metrics=Metrics.create(), clock=self._clock,
-                        on_snapshot=lambda _snap, _at: None)  # fmt: skip
-
-        async def on_status(msg: Msg) -> None:
-            ingest.handle(node_subject_of(msg.subject), msg.data)
-
-        status = await nc.subscribe(partition_subject("*", "*", STATUS), cb=on_status)
-        try:
-            await self._watch(stop, leading, kv, nc.jetstream())
-        finally:
-            with contextlib.suppress(TimeoutError, NatsError, OSError):
-                await status.unsubscribe()
+        # Policy status needs each node's device-plugin status: what was followed so far
+        # first, then each one as it comes (`_on_status`).
+        for node in self.statuses.names():
+            self._adopt_status(node)
+        self._following = True
+        await self._watch(stop, leading, kv, nc.jetstream())
 
     async def _watch(
         self, stop: asyncio.Event, leading: asyncio.Event, kv: KeyValue, js: JetStreamContext
@@ -123,7 +151,13 @@ class WholeFleet(Fleet):
 
     def _apply(self, key: str, value: bytes | None, operation: str | None) -> None:
         if operation in (KV_DEL, KV_PURGE) or not value:
-            self.forget(key)
+            try:
+                node = subjects.node_from_token(key)  # keys are tokens: '.' stored as '_'
+            except subjects.InvalidNodeName as exc:
+                log.warning("skipping KV node key %s: %s", key, exc)
+                return
+            self.forget(node)
+            self.statuses.forget(node)  # a node removed from the fleet
             return
         try:
             stored = decode(value, StoredNode)

@@ -325,6 +325,59 @@ async def test_leader_fleet_follows_the_nodes_bucket_only_while_leading(
         await nc.close()
 
 
+async def test_a_new_leader_knows_the_statuses_sent_while_it_followed(
+    nats_server: NatsServer,
+) -> None:
+    """Every replica follows device-plugin statuses: one that wins the lease plans with the
+    config generation each agent last applied, without waiting for the agents to send it
+    again (was: other shards' nodes ConfigPending until their next status)."""
+    nc = await nats.connect(nats_server.url)
+    stop, leading = asyncio.Event(), asyncio.Event()
+    own = Fleet()
+    own.apply_snapshot(snapshot("gpu-001"), 5.0)
+    whole = WholeFleet(own, Now(), bucket="shard-statuses-nodes")
+    dotted = "gpu-009.rack-1"  # KV keys are tokens: gpu-009_rack-1
+
+    def generation(fleet: Fleet, node: str) -> int | None:
+        record = fleet.view().get(node)
+        dp = record.device_plugin if record is not None else None
+        return dp.config_generation if dp is not None else None
+
+    try:
+        kv = await nc.jetstream().create_key_value(bucket="shard-statuses-nodes", history=1)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(whole.run(stop, leading, kv, nc))
+            await wait_until(lambda: whole.following_statuses, what="status subscription")
+            for node, gen in (("gpu-002", 5), (dotted, 3)):
+                token = subjects.node_token(node)
+                status = subjects.partition_subject(part(node), token, subjects.STATUS)
+                await nc.publish(status, encode(plugin_status(node, generation=gen)))
+            bad = subjects.partition_subject(part("gpu-003"), "gpu-003", subjects.STATUS)
+            await nc.publish(bad, b"\xc1")  # undecodable: refused, the rest kept
+            await wait_until(lambda: generation(whole.statuses, dotted) == 3,
+                             timeout=10, what="statuses followed while not leading")  # fmt: skip
+            assert generation(whole.statuses, "gpu-002") == 5
+            assert "gpu-003" not in whole.statuses.view()
+            assert list(whole.view()) == ["gpu-001"]  # a follower holds only its own nodes
+            for name in ("gpu-002", dotted):
+                stored = StoredNode(snapshot=snapshot(name), received_at=1.0)
+                await kv.put(subjects.node_token(name), encode(stored))
+            leading.set()
+            await wait_until(lambda: whole.synced, timeout=10, what="KV read to the end")
+            assert generation(whole, "gpu-002") == 5 and generation(whole, dotted) == 3
+            await kv.delete(subjects.node_token(dotted))
+            await wait_until(lambda: dotted not in whole.view(), timeout=10,
+                             what="a deleted dotted node forgotten")  # fmt: skip
+            assert dotted not in whole.statuses.view()
+            leading.clear()
+            await wait_until(lambda: list(whole.view()) == ["gpu-001"], timeout=10,
+                             what="released on losing the lease")  # fmt: skip
+            assert generation(whole.statuses, "gpu-002") == 5  # kept for the next lease
+            stop.set()
+    finally:
+        await nc.close()
+
+
 async def test_takeover_keeps_the_firing_alert_without_resending_or_resolving(
     own_nats: NatsServer,
 ) -> None:
