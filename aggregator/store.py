@@ -25,6 +25,7 @@ from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
 from aggregator.errors import StoreError
+from aggregator.kvread import bucket_keys
 from aggregator.metrics import Metrics
 from proto import subjects
 from proto.codec import CodecError, decode, encode
@@ -150,13 +151,18 @@ async def load_nodes(kv: KeyValue, *, timeout: float = 30.0) -> AsyncIterator[St
 async def read_bucket(
     kv: KeyValue, *, timeout: float = 30.0
 ) -> AsyncGenerator[tuple[str, bytes], None]:
-    """(key, value) of every key of the bucket; StoreError when it cannot be read.
+    """(key, value) of every key of the bucket, each once; StoreError when it cannot be read.
 
     One pass over the bucket's stream (last value per key) through a pull consumer,
     LOAD_BATCH entries per request: the reader sets the pace. A push watch of 10,000 nodes
     (333 MB) outran the decoding on a loaded machine, overflowed the client's pending
     limit and stalled (slow consumer); a key listing plus one get per key took 3× the CPU.
-    The pass ends at the stream's last sequence as read before it began.
+
+    The pass covers the keys the stream names before it begins (`kvread.bucket_keys`, one
+    request) and the stream's last sequence read then: a key another writer rewrites
+    before the pass reaches it has lost its old entry (history 1) and comes past that
+    sequence, so the pass goes on until each listed key was delivered or nothing is
+    pending. Past that sequence only listed keys not delivered yet are yielded.
     """
     # nats-py's KeyValue keeps its JetStream context, stream and subject prefix private.
     js: JetStreamContext = kv._js
@@ -166,6 +172,7 @@ async def read_bucket(
         state = (await kv.status()).stream_info.state
         if not state.messages:
             return
+        waiting = await bucket_keys(js, stream.removeprefix("KV_"))
         reader = await js.pull_subscribe(f"{prefix}>", stream=stream, config=_load_consumer())
     except (TimeoutError, JetStreamError, NatsError, OSError) as exc:
         raise StoreError(f"cannot read KV bucket {stream[3:]}: {exc!r}") from exc
@@ -176,14 +183,22 @@ async def read_bucket(
                 batch = await reader.fetch(LOAD_BATCH, timeout=timeout)
             except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
                 raise StoreError(
-                    f"KV bucket {stream[3:]}: read stalled before sequence {last} ({timeout:g}s)"
+                    f"KV bucket {stream[3:]}: read stalled before sequence {last} "
+                    f"with {len(waiting)} keys to go ({timeout:g}s)"
                 ) from exc
             for msg in batch:
                 meta = msg.metadata
+                key = msg.subject.removeprefix(prefix)
+                listed = key in waiting
+                waiting.discard(key)
+                past = meta.sequence.stream > last
                 op = msg.headers.get(KV_OP) if msg.headers else None
-                if msg.data and op not in (KV_DEL, KV_PURGE) and not _is_marker(msg.headers):
-                    yield msg.subject.removeprefix(prefix), msg.data
-                if meta.sequence.stream >= last or meta.num_pending == 0:
+                live = (
+                    bool(msg.data) and op not in (KV_DEL, KV_PURGE) and not _is_marker(msg.headers)
+                )
+                if live and (listed or not past):
+                    yield key, msg.data
+                if meta.num_pending == 0 or (meta.sequence.stream >= last and not waiting):
                     return
     finally:
         with contextlib.suppress(TimeoutError, JetStreamError, NatsError, OSError):

@@ -95,3 +95,25 @@ async def test_a_load_leaves_no_consumer_behind(kv: KeyValue) -> None:
     await loads.aclose()
     info = await kv._js.stream_info(kv._stream)
     assert info.state.consumer_count == 0
+
+
+async def test_keys_rewritten_during_the_pass_still_load_with_their_new_entry(
+    kv: KeyValue,
+) -> None:
+    """Another replica rewrites keys the pass has not reached yet (their old entries are
+    gone with history 1, the new ones lie past the sequence the pass began at): each still
+    loads, once, with the new entry; a key deleted meanwhile does not load."""
+    nodes = [f"gpu-{i:03d}" for i in range(600)]  # three pull batches
+    for node in nodes:
+        await put(kv, node, 1)
+    loads = load_nodes(kv)
+    first = await anext(loads)  # the pass has begun: one batch fetched
+    rewritten, deleted = nodes[400], nodes[500]
+    await put(kv, rewritten, 2)
+    await put(kv, nodes[550], 2)
+    await kv.delete(subjects.node_token(deleted))
+    rest = [s async for s in loads]
+    seqs = {s.snapshot.node: s.snapshot.seq for s in [first, *rest]}
+    assert len(rest) + 1 == len(seqs)  # each node once
+    assert sorted(seqs) == [n for n in nodes if n != deleted]
+    assert seqs[rewritten] == 2 and seqs[nodes[550]] == 2
