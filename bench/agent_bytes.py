@@ -42,6 +42,7 @@ from agent.sysfs import Sysfs  # noqa: E402
 from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.codec import decode, encode  # noqa: E402
+from proto.compact import inventory_only  # noqa: E402
 from proto.messages import CounterBatch  # noqa: E402
 
 NODE: Final = "bench-ib-01.example"
@@ -77,7 +78,7 @@ class Run:
     delta_payload_bytes: int  # deltas between periodic full ones (after)
     full_wire_bytes: int  # payload + PUB line + CRLF
     delta_wire_bytes: int
-    snapshot_bytes: int  # one NodeSnapshot of the node
+    snapshot_bytes: int  # one NodeSnapshot of the node, inventory only (as published)
     ports: int = 0
     varz_full_in_bytes: int | None = None
     varz_delta_in_bytes: int | None = None
@@ -133,7 +134,7 @@ def simulate(
     spec: str, busy: int, rounds: int, full_every: int, seed: int, root: Path
 ) -> tuple[list[bytes], list[bytes], int, int]:
     """Encoded full batches, the messages actually sent, how many of those were full,
-    and the snapshot size."""
+    and the size of the snapshot as the agent publishes it (inventory only, no counters)."""
     render(with_node_name(load_builtin(spec), NODE), root)
     sysfs = Sysfs(root)
     snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=T0, agent_version=__version__)
@@ -154,7 +155,7 @@ def simulate(
             full_messages += message.base_seq is None
             fulls.append(encode(batch))
             deltas.append(encode(message))
-    return fulls, deltas, full_messages, len(encode(snapshot))
+    return fulls, deltas, full_messages, len(encode(inventory_only(snapshot)))
 
 
 async def varz_in_bytes(server: NatsServer, monitor: int, payloads: list[bytes]) -> int:
