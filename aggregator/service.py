@@ -246,6 +246,7 @@ class AggregatorService:
                     nodes_kv=kv, handle=ingest.handle, on_change=self.changes.publish,
                     resync=lambda held: resync.request_partitions(held, parts), clock=self.clock,
                     extra=lambda: self.nvidia_findings, api_url=self._advertised_api_url,
+                    stale_after=self.settings.stale_after,
                 )  # fmt: skip
                 await self.shard.start()
             config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
@@ -273,7 +274,11 @@ class AggregatorService:
             )
             # Sharded (docs/scaling.md, "Writes"): the leader plans desired config and status
             # over the whole fleet (its own nodes + KV `nicfleet-nodes`) once it has read it.
-            whole = WholeFleet(self.fleet, self.clock) if sharded else None
+            whole = (
+                WholeFleet(self.fleet, self.clock, stale_elsewhere=self.shard.stale_elsewhere)
+                if self.shard is not None
+                else None
+            )
             writes: Callable[[], bool] = (
                 (lambda: leader.is_leader and whole.synced)
                 if whole is not None

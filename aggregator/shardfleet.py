@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
 import msgspec
@@ -38,14 +38,22 @@ log = logging.getLogger(__name__)
 
 class WholeFleet(Fleet):
     """A `Fleet` whose `view()` is the whole fleet. Nodes held elsewhere count as seen
-    now: their holders judge staleness (agent-stale), the KV copy is refreshed only when
-    a snapshot changes."""
+    now unless their holder lists them stale in its summary (`stale_elsewhere`): the
+    holders judge staleness, the KV copy is refreshed only when a snapshot changes. A
+    node listed stale keeps the last time this replica heard of it (its KV entry or
+    status), which is no later than its holder's last message, so it is judged stale here
+    too."""
 
     def __init__(
-        self, own: Fleet, clock: Callable[[], float], bucket: str = subjects.KV_NODES
+        self,
+        own: Fleet,
+        clock: Callable[[], float],
+        bucket: str = subjects.KV_NODES,
+        stale_elsewhere: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         super().__init__()
         self._own, self._clock, self._bucket = own, clock, bucket
+        self._stale_elsewhere = stale_elsewhere
         self.synced = False  # the KV pass reached the bucket's last sequence
         # Device-plugin status of every partition's nodes (KV does not keep it; agents send
         # it on change, on resync and every inventory interval), followed by every replica.
@@ -58,9 +66,11 @@ class WholeFleet(Fleet):
     def view(self) -> Mapping[str, NodeRecord]:
         if not len(self):
             return self._own.view()
-        now = self._clock()
+        now, stale = self._clock(), self._stale_elsewhere()
         merged = {
-            name: msgspec.structs.replace(record, last_seen=max(record.last_seen, now))
+            name: record
+            if name in stale
+            else msgspec.structs.replace(record, last_seen=max(record.last_seen, now))
             for name, record in super().view().items()
         }
         merged.update(self._own.view())

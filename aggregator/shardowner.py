@@ -13,6 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
+import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -24,14 +25,14 @@ from nats.js.kv import KeyValue
 from aggregator.alerts.setup import AllRules
 from aggregator.cluster import ClusterView
 from aggregator.errors import AggregatorError, StoreError
-from aggregator.fleet import Fleet
+from aggregator.fleet import Fleet, node_state
 from aggregator.rules.finding import Finding
 from aggregator.shards import ShardSettings, live_replicas, partition_of, plan
 from aggregator.shardsummary import ShardRules, merge_remote
 from aggregator.store import load_nodes
 from proto import subjects
 from proto.codec import CodecError, decode, encode
-from proto.messages import ShardSummary
+from proto.messages import MAX_STALE_NAMES, ShardSummary
 from proto.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ class ShardOwner:
         clock: Callable[[], float],
         extra: Callable[[], Sequence[Finding]] | None = None,
         api_url: Callable[[], str | None] = lambda: None,  # put in the heartbeat
+        stale_after: float = 30.0,  # own nodes silent this long are listed in the summary
     ) -> None:
+        self._stale_after = stale_after
         self._api_url = api_url
         self.api_urls: dict[str, str] = {}  # replica -> its API, from the heartbeats
         self.me = replica_id(identity)
@@ -291,7 +294,30 @@ class ShardOwner:
 
     async def _publish_summary(self, now: float) -> None:
         summary = self.shard_rules.summary(self.me, self.held, now)
+        summary = msgspec.structs.replace(summary, stale=self._stale_names(now))
         await self._nc.publish(subjects.shard_summary_subject(self.me), encode(summary))
+
+    def _stale_names(self, now: float) -> tuple[str, ...]:
+        stale = sorted(
+            name
+            for name, record in self._fleet.view().items()
+            if node_state(record, now, self._stale_after) == "stale"
+        )
+        if len(stale) > MAX_STALE_NAMES:
+            log.warning("%d stale nodes; the summary lists the first %d",
+                        len(stale), MAX_STALE_NAMES)  # fmt: skip
+        return tuple(stale[:MAX_STALE_NAMES])
+
+    def stale_elsewhere(self) -> frozenset[str]:
+        """Nodes the live replicas holding them judge stale, from their latest summaries
+        (for the leader's policy status; a replica's own nodes are judged where ingested)."""
+        return frozenset(
+            name
+            for summary in self._summaries.values()
+            if summary.replica in self.live
+            for name in summary.stale
+            if self.owners.get(self.partition(name)) == summary.replica
+        )
 
     def _merge(self) -> None:
         """Remote counts from the live replicas' latest summaries; re-evaluate on change."""

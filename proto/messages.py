@@ -7,7 +7,7 @@ have defaults so that older payloads keep decoding.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -347,6 +347,9 @@ class ShardVote(Base, frozen=True, array_like=True):
     count: int
 
 
+MAX_STALE_NAMES: Final = 20_000  # ~300 KB of names: well inside NATS's 1 MB max payload
+
+
 class ShardSummary(
     Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.ShardSummary"
 ):
@@ -360,3 +363,6 @@ class ShardSummary(
     votes: tuple[ShardVote, ...] = ()
     sent_at: float
     api_url: str = ""  # the replica's HTTP API, for forwarding node requests to their holder
+    # Its nodes it has heard nothing from within stale_after (sorted, at most
+    # MAX_STALE_NAMES): the leader's policy status counts them as Stale.
+    stale: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_STALE_NAMES)] = ()

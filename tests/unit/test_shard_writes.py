@@ -24,7 +24,7 @@ from aggregator.alerts.setup import AlertWiring
 from aggregator.api import ApiSettings, build_app
 from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import Fleet
+from aggregator.fleet import Fleet, node_state
 from aggregator.natsserver import NatsServer
 from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
 from aggregator.resync import ResyncRequester, ResyncSettings
@@ -43,7 +43,7 @@ from aggregator.shards import ShardSettings
 from aggregator.store import StoredNode, open_bucket
 from proto import subjects
 from proto.codec import decode, encode
-from proto.messages import Alert, ResyncRequest
+from proto.messages import MAX_STALE_NAMES, Alert, ResyncRequest, ShardSummary
 from proto.natsflush import flush_in_order
 from proto.policy import Policy
 from tests.builders import T0, plugin_status, snapshot
@@ -376,6 +376,59 @@ async def test_a_new_leader_knows_the_statuses_sent_while_it_followed(
             stop.set()
     finally:
         await nc.close()
+
+
+def owner_of(name: str, fleet: Fleet, nc: nats.NATS, clock: Now) -> ShardOwner:
+    return ShardOwner(
+        nc, ShardSettings(partitions=P), identity=name, fleet=fleet,
+        nodes_kv=None,  # type: ignore[arg-type]
+        handle=lambda _s, _d: True, on_change=lambda _n, _k: None, resync=lambda _p: None,
+        clock=clock, stale_after=30.0,
+    )  # fmt: skip
+
+
+async def test_the_leader_counts_the_nodes_other_shards_find_stale(
+    nats_server: NatsServer,
+) -> None:
+    """A holder lists its stale nodes in its summary; the leader's whole fleet keeps those
+    nodes' last time heard of (so the policy status counts them Stale) and counts the
+    others as seen now. Only the live holder's list counts; an oversized list is refused."""
+    clock = Now()
+    theirs = Fleet()
+    theirs.apply_snapshot(snapshot("gpu-001"), clock.t - 100)  # silent 100 s: stale
+    theirs.apply_snapshot(snapshot("gpu-002"), clock.t - 100)
+    theirs.apply_status(plugin_status("gpu-002"), clock.t - 1)  # heard of 1 s ago
+    a_nc, b_nc = await nats.connect(nats_server.url), await nats.connect(nats_server.url)
+    try:
+        a = owner_of("a", Fleet(), a_nc, clock)
+        b = owner_of("b", theirs, b_nc, clock)
+        for owner in (a, b):
+            owner.owners, owner.live = dict.fromkeys(range(P), "b"), frozenset({"a", "b"})
+        await a_nc.subscribe(subjects.SHARD_SUMMARY_WILDCARD, cb=a._on_summary)
+        await flush_in_order(a_nc)
+        await b._publish_summary(clock.t)
+        await wait_until(lambda: a.stale_elsewhere() == {"gpu-001"}, what="b's stale list")
+        whole = WholeFleet(Fleet(), clock, stale_elsewhere=a.stale_elsewhere)
+        for name in ("gpu-001", "gpu-002"):  # the KV copies, persisted long ago
+            whole.apply_snapshot(snapshot(name), clock.t - 100)
+        states = {n: node_state(r, clock.t, 30.0) for n, r in whole.view().items()}
+        assert states == {"gpu-001": "stale", "gpu-002": "ready"}
+
+        a.owners = dict.fromkeys(range(P), "c")  # b no longer holds them
+        assert a.stale_elsewhere() == frozenset()
+        a.owners, a.live = dict.fromkeys(range(P), "b"), frozenset({"a"})  # b not live
+        assert a.stale_elsewhere() == frozenset()
+        a.live = frozenset({"a", "b"})
+
+        names = [f"gpu-{i:05d}" for i in range(MAX_STALE_NAMES + 1)]
+        oversized = ShardSummary(replica="b", sent_at=clock.t, stale=tuple(names))
+        await b_nc.publish(subjects.shard_summary_subject("b"), encode(oversized))
+        await flush_in_order(b_nc)
+        await wait_until(lambda: a.rejected == 1, what="the oversized summary refused")
+        assert a.stale_elsewhere() == {"gpu-001"}  # the last good summary still counts
+    finally:
+        await a_nc.close()
+        await b_nc.close()
 
 
 async def test_takeover_keeps_the_firing_alert_without_resending_or_resolving(
