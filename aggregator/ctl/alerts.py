@@ -29,8 +29,10 @@ from aggregator.ctl.client import (
     BadInput,
     Unreachable,
     auth_headers,
+    fail_if_partial,
 )
 from aggregator.ctl.render import console_for
+from aggregator.rules.catalog import SEVERITY_ORDER
 
 EPILOG: Final = """\b
 Exit codes:
@@ -47,10 +49,16 @@ NONE: Final = "-"
 
 class _AlertsClient(AggregatorClient):
     def findings(self, params: dict[str, str]) -> dict[str, Any]:
-        return self.get_all("/api/v1/findings", params)
+        return self.get_fleet("/api/v1/findings", params, key=_finding_key)
 
     def alerts(self, params: dict[str, str]) -> dict[str, Any]:
         return self._get("/api/v1/alerts", params)
+
+
+def _finding_key(item: dict[str, Any]) -> tuple[int, str, str, str]:
+    """The API's order (`aggregator.rules.registry.sort_key`): most severe first."""
+    severity = SEVERITY_ORDER.get(str(item.get("severity")), len(SEVERITY_ORDER))
+    return severity, str(item.get("node") or ""), str(item.get("rule")), str(item.get("subject"))
 
 
 def _filters(**values: str | None) -> dict[str, str]:
@@ -74,14 +82,21 @@ severity_option = click.option("--severity", type=click.Choice(SEVERITIES), help
 def findings(
     server: str, node: str | None, rule: str | None, severity: str | None, output: str
 ) -> None:
-    """What the rules say about the fleet right now, most severe first."""
+    """What the rules say about the fleet right now, most severe first.
+
+    Against a replica of a sharded aggregator, every replica's findings (exit 1 naming any
+    replica that could not be read)."""
     client = _AlertsClient(server)
     with client:
         body = client.findings(_filters(node=node, rule=rule, severity=severity))
     if output == "json":
         click.echo(json.dumps(body, indent=2, sort_keys=True))
-        return
-    items = _items(body)
+    else:
+        _print_findings(_items(body), output)
+    fail_if_partial(body)
+
+
+def _print_findings(items: list[dict[str, Any]], output: str) -> None:
     if not items:
         click.echo("No findings.", err=True)
         return

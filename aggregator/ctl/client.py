@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final
 
@@ -27,6 +28,7 @@ from aggregator.fleet import NodeDetail, NodeSummary
 
 DEFAULT_TIMEOUT: Final = 10.0
 MAX_PAGES: Final = 10_000  # a server that never ends its `continue` chain is an error
+SHARDS_PATH: Final = "/api/v1/shards"  # served by a sharded replica only (docs/scaling.md)
 # Where the `cli` group leaves the token (`--token-file`) for every command's client.
 TOKEN_META_KEY: Final = "nicfleet.token"
 # ... and the resolved Settings (server, token file and where each came from).
@@ -143,6 +145,7 @@ class AggregatorClient:
         token: str | None = None,  # default: the one given to this nicfleetctl (--token-file)
     ) -> None:
         self.server = server.rstrip("/")
+        self._timeout, self._token = timeout, token
         self._http = httpx.Client(
             base_url=self.server,
             timeout=timeout,
@@ -166,7 +169,49 @@ class AggregatorClient:
 
     def list_nodes(self, *, state: str | None = None) -> dict[str, Any]:
         params = {"state": state} if state is not None else {}
-        return self.get_all("/api/v1/nodes", params)
+        return self.get_fleet("/api/v1/nodes", params, key=lambda item: str(item.get("name")))
+
+    def get_fleet(
+        self, path: str, params: dict[str, str], *, key: Callable[[dict[str, Any]], Any]
+    ) -> dict[str, Any]:
+        """`get_all`, across a sharded fleet: a sharded replica lists its own share only
+        (docs/scaling.md), so the same list is read from every replica its
+        `/api/v1/shards` names (`api_urls`) and merged, sorted by `key`, each key once (a
+        partition changing hands is listed by both for up to a heartbeat). The answer then
+        has `replicas` (read) and `missing` (replica, url, reason: not read). Against an
+        aggregator that is not sharded, exactly `get_all`."""
+        body = self.get_all(path, params)
+        shards = self._shards()
+        if shards is None:
+            return body
+        me = str(shards.get("replica"))
+        urls = {str(r): str(u) for r, u in (shards.get("api_urls") or {}).items()}
+        items: dict[Any, Any] = {}
+        for item in body["items"]:
+            items.setdefault(key(item), item)
+        read, missing = [me], []
+        for replica in sorted((set(map(str, shards.get("live") or ())) | urls.keys()) - {me}):
+            url = urls.get(replica)
+            if url is None:
+                reason = "its API URL is not known yet (its next heartbeat has it)"
+                missing.append({"replica": replica, "url": None, "reason": reason})
+                continue
+            try:
+                with AggregatorClient(url, timeout=self._timeout, token=self._token) as peer:
+                    for item in peer.get_all(path, params)["items"]:
+                        items.setdefault(key(item), item)
+            except CtlError as exc:
+                missing.append({"replica": replica, "url": url, "reason": exc.message})
+                continue
+            read.append(replica)
+        merged = [items[k] for k in sorted(items)]
+        return {**body, "items": merged, "count": len(merged), "replicas": sorted(read),
+                "missing": missing}  # fmt: skip
+
+    def _shards(self) -> dict[str, Any] | None:
+        """This server's `/api/v1/shards` view; None when it is not a sharded replica."""
+        response = self._response(SHARDS_PATH, {})
+        return None if response.status_code == 404 else self._body(response)
 
     def get_all(self, path: str, params: dict[str, str]) -> dict[str, Any]:
         """A paged list (`items`, `continue`) followed to its last page: the last page's
@@ -188,14 +233,19 @@ class AggregatorClient:
         return self._get(f"/api/v1/nodes/{name}", {})
 
     def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        return self._body(self._response(path, params))
+
+    def _response(self, path: str, params: dict[str, str]) -> httpx.Response:
         try:
-            response = self._http.get(path, params=params)
+            return self._http.get(path, params=params)
         except (httpx.ConnectError, httpx.TimeoutException) as exc:
             raise unreachable(self.server, exc) from exc
         except httpx.HTTPError as exc:
             raise ApiError(
                 f"error talking to nicfleet aggregator at {self.server}: {_reason(exc)}"
             ) from exc
+
+    def _body(self, response: httpx.Response) -> dict[str, Any]:
         body = _json_object(response)
         if response.is_success and body is not None:
             return body
@@ -224,6 +274,22 @@ class AggregatorClient:
             return error
         close = tuple(difflib.get_close_matches(error.node, names, n=3, cutoff=0.5))
         return UnknownNode(error.node, close, known=len(names))
+
+
+def fail_if_partial(body: dict[str, Any]) -> None:
+    """After printing a list merged across a sharded fleet (`get_fleet`): exit 1 naming
+    each replica whose share is missing from it."""
+    missing = body.get("missing") or ()
+    if not missing:
+        return
+    shares = "; ".join(
+        f"{m.get('replica')} ({m.get('url') or 'no URL'}): {m.get('reason')}" for m in missing
+    )
+    raise ApiError(
+        f"the list lacks the nodes of {len(missing)} of "
+        f"{len(missing) + len(body.get('replicas') or ())} replicas: {shares}. "
+        "Ask each replica with --server, or run nicfleetctl where their API URLs are reachable"
+    )
 
 
 def parse_summaries(body: dict[str, Any]) -> tuple[NodeSummary, ...]:

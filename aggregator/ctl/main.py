@@ -24,6 +24,7 @@ from aggregator.ctl.client import (
     BadInput,
     CtlError,
     current_settings,
+    fail_if_partial,
     parse_detail,
     parse_summaries,
     read_token_file,
@@ -108,17 +109,19 @@ def cli(
 @output_option
 @click.pass_obj
 def nodes(server: str, state: str | None, output: Output) -> None:
-    """List every node the aggregator knows, sorted by name."""
+    """List every node the aggregator knows, sorted by name.
+
+    Against a replica of a sharded aggregator, every replica's share (exit 1 naming any
+    replica that could not be read)."""
     with AggregatorClient(server) as client:
         body = client.list_nodes(state=state)
     if output == "json":
         _print_json(body)
-        return
-    summaries = parse_summaries(body)
-    if not summaries:
+    elif summaries := parse_summaries(body):
+        render_nodes(_console(), summaries, wide=output == "wide")
+    elif not body.get("missing"):
         click.echo(_empty_fleet(server, state), err=True)
-        return
-    render_nodes(_console(), summaries, wide=output == "wide")
+    fail_if_partial(body)
 
 
 def _empty_fleet(server: str, state: str | None) -> str:
