@@ -48,6 +48,7 @@ from aggregator.validation_request import ValidationRequest
 from proto import subjects
 from proto.codec import CodecError, decode, encode
 from proto.messages import ValidationResult
+from proto.natsflush import flush_in_order
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,10 @@ class ValidationRunner:
                 self.messages.labels("overflow").inc()
 
         sub = await self._nc.subscribe(subjects.validation_subject(record.id), cb=on_message)
+        # The server has the subscription before any pod exists (a result published first
+        # would find no subscriber); best effort: NATS down, the pods' deadline decides.
+        with contextlib.suppress(TimeoutError, NatsError):
+            await flush_in_order(self._nc, timeout=5.0)
         views: dict[str, PodView | None] = {"server": None, "client": None}
         warned = False
         try:
