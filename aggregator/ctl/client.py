@@ -286,7 +286,7 @@ def fail_if_partial(body: dict[str, Any]) -> None:
         f"{m.get('replica')} ({m.get('url') or 'no URL'}): {m.get('reason')}" for m in missing
     )
     raise ApiError(
-        f"the list lacks the nodes of {len(missing)} of "
+        f"the list lacks the share of {len(missing)} of "
         f"{len(missing) + len(body.get('replicas') or ())} replicas: {shares}. "
         "Ask each replica with --server, or run nicfleetctl where their API URLs are reachable"
     )
