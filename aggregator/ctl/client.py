@@ -175,8 +175,8 @@ class AggregatorClient:
         self, path: str, params: dict[str, str], *, key: Callable[[dict[str, Any]], Any]
     ) -> dict[str, Any]:
         """`get_all`, across a sharded fleet: a sharded replica lists its own share only
-        (docs/scaling.md), so the same list is read from every replica its
-        `/api/v1/shards` names (`api_urls`) and merged, sorted by `key`, each key once (a
+        (docs/scaling.md), so the same list is read from every live replica its
+        `/api/v1/shards` names (at its URL in `api_urls`) and merged, sorted by `key`, each key once (a
         partition changing hands is listed by both for up to a heartbeat). The answer then
         has `replicas` (read) and `missing` (replica, url, reason: not read). Against an
         aggregator that is not sharded, exactly `get_all`."""
@@ -190,7 +190,9 @@ class AggregatorClient:
         for item in body["items"]:
             items.setdefault(key(item), item)
         read, missing = [me], []
-        for replica in sorted((set(map(str, shards.get("live") or ())) | urls.keys()) - {me}):
+        # The live replicas only: a dead one's partitions are listed by their new holders
+        # (its API URL lingers in the view until its heartbeat entry expires).
+        for replica in sorted(set(map(str, shards.get("live") or ())) - {me}):
             url = urls.get(replica)
             if url is None:
                 reason = "its API URL is not known yet (its next heartbeat has it)"

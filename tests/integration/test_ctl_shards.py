@@ -149,7 +149,7 @@ async def test_a_replica_that_cannot_be_read_is_named_and_the_exit_code_is_1() -
     async with served(A) as (a, url_a):
         gone = closed_port_url()
         a.live = frozenset({"agg-a", "agg-b", "agg-c"})  # agg-c: no heartbeat with a URL yet
-        a.api_urls.update({"agg-a": url_a, "agg-b": gone})
+        a.api_urls.update({"agg-a": url_a, "agg-b": gone, "agg-dead": gone})  # not live
         result = await ctl("--server", url_a, "nodes")
         assert result.exit_code == 1, result.output
         names = [line.split()[0] for line in result.stdout.splitlines()[1:]]
