@@ -52,13 +52,18 @@ class _AlertsClient(AggregatorClient):
         return self.get_fleet("/api/v1/findings", params, key=_finding_key)
 
     def alerts(self, params: dict[str, str]) -> dict[str, Any]:
-        return self._get("/api/v1/alerts", params)
+        return self.get_fleet("/api/v1/alerts", params, key=_alert_key)
 
 
 def _finding_key(item: dict[str, Any]) -> tuple[int, str, str, str]:
     """The API's order (`aggregator.rules.registry.sort_key`): most severe first."""
     severity = SEVERITY_ORDER.get(str(item.get("severity")), len(SEVERITY_ORDER))
     return severity, str(item.get("node") or ""), str(item.get("rule")), str(item.get("subject"))
+
+
+def _alert_key(item: dict[str, Any]) -> tuple[bool, int, str, str, str]:
+    """The API's order: firing first, then most severe, node, rule, subject."""
+    return (item.get("state") != "firing", *_finding_key(item))
 
 
 def _filters(**values: str | None) -> dict[str, str]:
@@ -136,7 +141,10 @@ def alerts(
     status: str | None,
     output: str,
 ) -> None:
-    """Firing and recently resolved alerts; --follow streams every fire/resolve."""
+    """Firing and recently resolved alerts; --follow streams every fire/resolve.
+
+    Against a replica of a sharded aggregator, the list is every replica's (exit 1 naming
+    any replica that could not be read); --follow streams the asked replica's own."""
     params = _filters(node=node, rule=rule, severity=severity)
     if follow:
         if status is not None:
@@ -149,8 +157,12 @@ def alerts(
         body = client.alerts({**params, **_filters(status=status)})
     if output == "json":
         click.echo(json.dumps(body, indent=2, sort_keys=True))
-        return
-    items = _items(body)
+    else:
+        _print_alerts(_items(body), output)
+    fail_if_partial(body)
+
+
+def _print_alerts(items: list[dict[str, Any]], output: str) -> None:
     if not items:
         click.echo("No alerts.", err=True)
         return

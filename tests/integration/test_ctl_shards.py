@@ -144,6 +144,18 @@ async def test_lists_span_every_replica_each_item_once_in_the_apis_order() -> No
         assert "gpu-003" in result.stdout and "gpu-004" in result.stdout
         assert "gpu-002" not in result.stdout  # the filter went to every replica
 
+        result = await ctl("--server", url_a, "alerts", "-o", "json")
+        assert result.exit_code == 0, result.output
+        alerts = [(a["severity"], a["node"], a["rule"]) for a in json.loads(result.stdout)["items"]]
+        assert alerts == [  # firing first, most severe first, then node, rule, subject
+            ("critical", "gpu-003", "port-down"),
+            ("critical", "gpu-004", "port-down"),
+            ("warning", "_fleet", "driver-skew"),
+            ("warning", "gpu-002", "fw-skew"),
+        ]
+        table = (await ctl("--server", url_b, "alerts")).stdout
+        assert "gpu-003" in table and "gpu-004" in table
+
 
 async def test_a_replica_that_cannot_be_read_is_named_and_the_exit_code_is_1() -> None:
     async with served(A) as (a, url_a):
