@@ -311,13 +311,18 @@ class ShardOwner:
     def stale_elsewhere(self) -> frozenset[str]:
         """Nodes the live replicas holding them judge stale, from their latest summaries
         (for the leader's policy status; a replica's own nodes are judged where ingested)."""
-        return frozenset(
-            name
-            for summary in self._summaries.values()
-            if summary.replica in self.live
-            for name in summary.stale
-            if self.owners.get(self.partition(name)) == summary.replica
-        )
+        stale: set[str] = set()
+        for summary in self._summaries.values():
+            if summary.replica not in self.live:
+                continue
+            for name in summary.stale:
+                try:
+                    partition = self.partition(name)
+                except subjects.InvalidNodeName:
+                    continue  # a peer's bad entry names no node of ours to judge
+                if self.owners.get(partition) == summary.replica:
+                    stale.add(name)
+        return frozenset(stale)
 
     def _merge(self) -> None:
         """Remote counts from the live replicas' latest summaries; re-evaluate on change."""

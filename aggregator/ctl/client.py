@@ -178,9 +178,8 @@ class AggregatorClient:
         (docs/scaling.md), so the same list is read from every live replica its
         `/api/v1/shards` names (at its URL in `api_urls`) and merged, sorted by `key`,
         each key once (a partition changing hands is listed by both for up to a
-        heartbeat). The answer then
-        has `replicas` (read) and `missing` (replica, url, reason: not read). Against an
-        aggregator that is not sharded, exactly `get_all`."""
+        heartbeat). The answer then has `replicas` (read) and `missing` (replica, url,
+        reason: not read). Against an aggregator that is not sharded, exactly `get_all`."""
         body = self.get_all(path, params)
         shards = self._shards()
         if shards is None:

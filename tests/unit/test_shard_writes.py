@@ -408,6 +408,11 @@ async def test_the_leader_counts_the_nodes_other_shards_find_stale(
         await flush_in_order(a_nc)
         await b._publish_summary(clock.t)
         await wait_until(lambda: a.stale_elsewhere() == {"gpu-001"}, what="b's stale list")
+        bad = ShardSummary(replica="b", sent_at=clock.t, stale=("gpu-001", "Not_A_Node"))
+        await b_nc.publish(subjects.shard_summary_subject("b"), encode(bad))
+        await flush_in_order(b_nc)
+        await wait_until(lambda: "Not_A_Node" in a._summaries["b"].stale, what="bad entry in")
+        assert a.stale_elsewhere() == {"gpu-001"}  # a bad name skipped, not raised
         whole = WholeFleet(Fleet(), clock, stale_elsewhere=a.stale_elsewhere)
         for name in ("gpu-001", "gpu-002"):  # the KV copies, persisted long ago
             whole.apply_snapshot(snapshot(name), clock.t - 100)
