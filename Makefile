@@ -17,18 +17,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(STAMP)
 
-# Debian packages some tests use for real (pyverbs: the verbs probe against rdma-core;
-# prometheus: promtool lints the agent's /metrics; chromium: the status page's browser test).
-# Installed only when running as root; the tests that need them skip otherwise.
+# Debian packages some tests use for real; the tests that need one skip without it.
+#   python3-pyverbs         the verbs probe against the real rdma-core library
+#   prometheus              promtool lints the agent's and the aggregator's /metrics
+#   prometheus-alertmanager a real Alertmanager receives the aggregator's alerts
+#   strace                  catches filesystem writes the agent does in C (gRPC)
+#   chromium                the status page's headless-browser test
+# Installed with apt-get only when running as root; skip with `make test NICFLEET_NO_APT=1`.
 SYSTEM_PACKAGES := python3-pyverbs prometheus-alertmanager prometheus strace chromium
 system-packages:
-	@if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+	@if [ -n "$(NICFLEET_NO_APT)" ]; then echo "NICFLEET_NO_APT set: not installing Debian packages ($(SYSTEM_PACKAGES)); the tests that need them skip"; \
+	elif [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
 		missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 		if [ -n "$$missing" ]; then \
-			echo "installing Debian packages:$$missing"; \
+			echo "installing Debian packages:$$missing (see the Makefile's system-packages for why each; skip with NICFLEET_NO_APT=1)"; \
 			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } \
 				|| echo "warning: could not install$$missing; the tests that need them will skip"; \
-		fi; \
+		else echo "Debian packages for the real-tool tests already installed: $(SYSTEM_PACKAGES)"; fi; \
+	else echo "not root: Debian packages $(SYSTEM_PACKAGES) not installed; the tests that need them skip"; \
 	fi
 
 demo: install

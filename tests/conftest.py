@@ -13,7 +13,8 @@ import pytest
 from aggregator.natsserver import NatsServer, NatsServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
+# Real captured trees and their reference values, kept in the repo (tests/data/*/README.md).
+FIXTURES = REPO / "tests" / "data"
 
 
 @pytest.fixture(autouse=True)

@@ -40,7 +40,7 @@ def attrs(root: Path, directory: str, **values: str) -> None:
         write(root, f"{directory}/{name}", value + "\n")
 
 
-# The shared copy of the node_exporter capture stores each symlink as a regular file
+# The captured copy of the node_exporter tree (tests/data/captured) stores each symlink as a regular file
 # holding the link target (its archive format lost them). Rebuild real links in a copy,
 # so the tree looks like the host it came from: bus/pci/devices/* links and dangling
 # `driver`, `iommu`, `subsystem` links.

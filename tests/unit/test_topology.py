@@ -11,9 +11,10 @@ import pytest
 
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
+from tests.conftest import FIXTURES
 from agent.topology import Relation, classify_relation, parse_nic_legend, parse_topo_matrix
 
-TOPOLOGY = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "topology"
+TOPOLOGY = FIXTURES / "topology"
 H100_MATRIX = TOPOLOGY / "nvidia_smi_topo_h100_12nic_2numa.txt"
 NCCL_PARTIAL = TOPOLOGY / "nvidia_smi_topo_hgx_h100_nccl1264_partial.txt"
 
