@@ -28,19 +28,19 @@ from agent.deviceplugin.manager import (
 )
 from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
+from agent.host.verbs import probe_verbs
 from agent.lab.cli import lab
-from agent.logs import FORMATS, LEVELS, LogFormat, configure_logging, tag_node
-from agent.metrics import parse_metrics_addr
-from agent.netlink import NetlinkUnavailable, netns_path
+from agent.links.netlink import NetlinkUnavailable, netns_path
+from agent.metrics.collector import parse_metrics_addr
 from agent.service import AgentService, AgentSettings, with_verbs
-from agent.sysfs import Sysfs
-from agent.verbs import probe_verbs
-from agent.verify_cli import verify
+from agent.verify.cli import verify
 from proto.codec import to_json
 from proto.dpconfig import ConfigError, parse_device_plugin_config
-from proto.natsconnect import NatsClientSecurity
-from proto.natsflags import nats_security_options
+from proto.runtime.logs import FORMATS, LEVELS, LogFormat, configure_logging, tag_node
+from proto.runtime.natsconnect import NatsClientSecurity
+from proto.runtime.natsflags import nats_security_options
 from proto.subjects import InvalidNodeName, validate_node_name
 
 EXIT_USAGE = 2

@@ -19,15 +19,20 @@ from pathlib import Path
 import msgspec
 
 from agent import __version__
-from agent.changes import PortStates, diff_port_states
-from agent.control import ResyncControl
-from agent.counterdelta import DEFAULT_FULL_EVERY, DeltaEncoder
-from agent.counters import CounterReader
-from agent.desired import DesiredConfigWatcher, DesiredSettings
+from agent.bus.desired import DesiredConfigWatcher, DesiredSettings
+from agent.bus.publisher import Publisher, PublishStats
+from agent.bus.resync import ResyncControl
+from agent.bus.resyncpacing import ResyncPolicy
+from agent.counters.deltas import DEFAULT_FULL_EVERY, DeltaEncoder
+from agent.counters.rates import with_rates
+from agent.counters.reader import CounterReader
 from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
 from agent.errors import CollectionTimeout
-from agent.inventory import collect_snapshot
-from agent.linkevents import (
+from agent.host.inventory import collect_snapshot
+from agent.host.portstates import PortStateReader
+from agent.host.sysfs import Sysfs
+from agent.host.verbs import probe_verbs
+from agent.links.netdevs import (
     NetdevPorts,
     Netdevs,
     diff_netdevs,
@@ -35,27 +40,18 @@ from agent.linkevents import (
     netdevs_from_dump,
     update_netdevs,
 )
-from agent.metrics import MetricsServer, agent_registry
-from agent.netlink import NetlinkUnavailable, NetlinkWatcher
-from agent.portstates import PortStateReader
-from agent.publisher import Publisher, PublishStats
-from agent.rates import with_rates
-from agent.resync import ResyncPolicy
-from agent.sysfs import Sysfs
-from agent.verbs import probe_verbs
+from agent.links.netlink import NetlinkUnavailable, NetlinkWatcher
+from agent.links.portdiff import PortStates, diff_port_states
+from agent.metrics.collector import MetricsServer, agent_registry
 from proto.codec import encode
 from proto.compact import inventory_only
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.inventory import NodeSnapshot
-from proto.messages import (
-    CounterBatch,
-    DesiredConfig,
-    DevicePluginConfig,
-    DevicePluginStatus,
-    LinkEvent,
-    ResourceStatus,
-)
-from proto.natsconnect import NO_SECURITY, NatsClientSecurity
+from proto.messages.config import DesiredConfig, DevicePluginConfig
+from proto.messages.counters import CounterBatch
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus, ResourceStatus
+from proto.runtime.natsconnect import NO_SECURITY, NatsClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +62,7 @@ class AgentSettings:
     sysfs_root: Path
     nats_url: str
     counter_interval: float = 1.0
-    # Counter batches between two full ones; the others are deltas (agent.counterdelta).
+    # Counter batches between two full ones; the others are deltas (agent.counters.deltas).
     # 1: every batch is full (for aggregators older than counter deltas).
     counter_full_every: int = DEFAULT_FULL_EVERY
     # Port state files have no change notification; a dozen small reads every 100 ms
@@ -137,7 +133,7 @@ class AgentService:
         self._applied: tuple[DevicePluginConfig, int] | None = None
         self.config_source: str | None = None  # "file" | "aggregator" | None (nothing yet)
         self.desired: DesiredConfigWatcher | None = None
-        # Read by agent.metrics at scrape time.
+        # Read by agent.metrics.collector at scrape time.
         self.configs_applied: dict[str, int] = {}  # device-plugin configs applied, by source
         self.collect_seconds: dict[str, float] = {}  # last collection's wall time, by kind
         self.metrics: MetricsServer | None = None
@@ -171,7 +167,7 @@ class AgentService:
     def last_snapshot(self) -> NodeSnapshot | None:
         return self._snapshot
 
-    # -- read by agent.metrics at scrape time ---------------------------------------
+    # -- read by agent.metrics.collector at scrape time ---------------------------------------
     @property
     def port_states(self) -> PortStates | None:
         return self._states

@@ -1,3 +1,3 @@
-from aggregator.cli import main
+from aggregator.cli.main import main
 
 main()

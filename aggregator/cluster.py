@@ -1,7 +1,7 @@
 """What the aggregator knows of the Kubernetes cluster, as plain data, and which nodes
 each policy selects.
 
-Pure: `aggregator.kube` fills a `ClusterView` from the API server; planners, rules and
+Pure: `aggregator.kube.client` fills a `ClusterView` from the API server; planners, rules and
 the trace read it. Without a cluster (`present=False`) every node the fleet knows is
 selected by every policy — there are no labels to select by.
 """

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aggregator.fleet import NODE_STATES, Fleet, node_state
+from aggregator.fleet.state import NODE_STATES, Fleet, node_state
 from aggregator.rules.finding import Finding
 from proto import subjects
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 
 RECONCILE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 

@@ -28,21 +28,37 @@ from nats.errors import Error as NatsError
 from nats.errors import SlowConsumerError
 
 from aggregator.alerts.engine import AlertEngine, Evaluate
-from aggregator.alerts.setup import AlertWiring, NodeEvents, open_alert_engine
-from aggregator.api import ApiSettings, build_app
-from aggregator.api_alerts import add_alert_routes
-from aggregator.api_ui import add_ui_routes
-from aggregator.api_validations import add_validation_routes
-from aggregator.apiauth import ApiAuth
-from aggregator.apply import ConfigStore, open_config_bucket
-from aggregator.changes import ChangeFeed
+from aggregator.alerts.wiring import AlertWiring, NodeEvents, open_alert_engine
+from aggregator.api.alerts import add_alert_routes
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.auth import ApiAuth
+from aggregator.api.shards import add_shard_routes
+from aggregator.api.statuspage import add_ui_routes
+from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
+from aggregator.api.validations import add_validation_routes
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.resync import ResyncRequester, ResyncSettings
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.errors import KubeError, SettingsError, StoreError
-from aggregator.fleet import Fleet
-from aggregator.ingest import Ingest
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.kube_watch import ClusterWatcher
-from aggregator.leader import (
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.ingest import Ingest
+from aggregator.fleet.state import Fleet
+from aggregator.fleet.store import (
+    SnapshotWriter,
+    StoredNode,
+    ensure_buckets,
+    load_nodes,
+    open_bucket,
+)
+from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.kube.watch import ClusterWatcher
+from aggregator.metrics import Metrics
+from aggregator.reconcile.apply import ConfigStore, open_config_bucket
+from aggregator.reconcile.loop import Reconciler, ReconcileSettings
+from aggregator.reconcile.nvidia import audit_nic_cluster_policy
+from aggregator.reconcile.policies import ClusterPolicies, FilePolicies, PolicySource
+from aggregator.replicas.alerts import AlertScope, open_sharded_alert_engine
+from aggregator.replicas.leader import (
     LEADER_BUCKET,
     KubeLease,
     LeaderElector,
@@ -50,28 +66,12 @@ from aggregator.leader import (
     LeaseStore,
     NatsLease,
 )
-from aggregator.metrics import Metrics
-from aggregator.natsserver import NatsServer, NatsServerSettings
-from aggregator.nvidia_import import audit_nic_cluster_policy
-from aggregator.policies import ClusterPolicies, FilePolicies, PolicySource
-from aggregator.reconciler import Reconciler, ReconcileSettings
-from aggregator.resync import ResyncRequester, ResyncSettings
+from aggregator.replicas.owner import ShardOwner
+from aggregator.replicas.partitions import ShardSettings
+from aggregator.replicas.wholefleet import WholeFleet
 from aggregator.rules.finding import Finding
-from aggregator.shardalerts import AlertScope, open_sharded_alert_engine
-from aggregator.shardfleet import WholeFleet
-from aggregator.shardowner import ShardOwner
-from aggregator.shardroutes import add_shard_routes
-from aggregator.shards import ShardSettings
-from aggregator.store import (
-    SnapshotWriter,
-    StoredNode,
-    ensure_buckets,
-    load_nodes,
-    open_bucket,
-)
-from aggregator.tokenreview import ReviewSettings, TokenReviewer
-from aggregator.validation import ValidationSettings
-from aggregator.validations import (
+from aggregator.validations.record import ValidationSettings
+from aggregator.validations.runner import (
     KV_VALIDATIONS,
     TEMPLATE,
     ValidationRunner,
@@ -79,9 +79,10 @@ from aggregator.validations import (
     load_template,
 )
 from proto import subjects
-from proto.messages import Alert, ResyncReason
-from proto.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
+from proto.messages.alerts import Alert
+from proto.messages.control import ResyncReason
 from proto.policy import Policy
+from proto.runtime.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,9 @@ class AggregatorSettings:
     nats_security: NatsClientSecurity = NO_SECURITY  # this process's NATS credentials, TLS
     ready_file: Path | None = None
     policies: tuple[Policy, ...] = ()  # from --policy; the CRD replaces this in clusters
-    policy_file: Path | None = None  # --policy: re-read when it changes (aggregator.policies)
+    policy_file: Path | None = (
+        None  # --policy: re-read when it changes (aggregator.reconcile.policies)
+    )
     policy_watch_interval: float = 0.5
     reconcile_tick: float = 5.0
     alerts: AlertWiring = field(default_factory=AlertWiring)  # rules tick, Alertmanager
@@ -139,7 +142,7 @@ class AggregatorService:
         settings: AggregatorSettings,
         *,
         clock: Callable[[], float] = time.time,
-        rules: Evaluate | None = None,  # default: every rule (aggregator.alerts.setup)
+        rules: Evaluate | None = None,  # default: every rule (aggregator.alerts.wiring)
     ) -> None:
         self.settings = settings
         self.clock = clock

@@ -32,18 +32,18 @@ sys.path.insert(0, str(REPO))
 import nats  # noqa: E402
 
 from agent import __version__  # noqa: E402
-from agent.counterdelta import DEFAULT_FULL_EVERY, DeltaEncoder  # noqa: E402
-from agent.counters import CounterReader  # noqa: E402
-from agent.inventory import collect_snapshot  # noqa: E402
+from agent.counters.deltas import DEFAULT_FULL_EVERY, DeltaEncoder  # noqa: E402
+from agent.counters.rates import with_rates  # noqa: E402
+from agent.counters.reader import CounterReader  # noqa: E402
+from agent.host.inventory import collect_snapshot  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from agent.rates import with_rates  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.codec import decode, encode  # noqa: E402
 from proto.compact import inventory_only  # noqa: E402
-from proto.messages import CounterBatch  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
 
 NODE: Final = "bench-ib-01.example"
 T0: Final = 1_800_000_000.0

@@ -24,15 +24,15 @@ from typing import Any, Final
 
 from exporter import BaselineUnavailable, NodeExporter, binary_version, find_binary
 
-from agent.counters import CounterReader
-from agent.inventory import collect_snapshot
+from agent.counters.rates import with_rates
+from agent.counters.reader import CounterReader
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.render import render
 from agent.lab.synthetic import synthetic_spec
-from agent.rates import with_rates
-from agent.sysfs import Sysfs
 from proto import codec
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch
+from proto.messages.counters import CounterBatch
 
 NODE: Final = "bench-node"
 AGENT_VERSION: Final = "bench"

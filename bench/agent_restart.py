@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))  # the kubelet emulator and the agent process live
 from agent.lab.faults import port_down, port_up  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from aggregator.service import AggregatorService, AggregatorSettings  # noqa: E402
 from tests.integration.faults import AgentProcess  # noqa: E402
 from tests.kubelet import KubeletEmulator  # noqa: E402

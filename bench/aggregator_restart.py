@@ -39,12 +39,12 @@ from nats.js.kv import KeyValue
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.inventory import collect_snapshot  # noqa: E402
+from agent.host.inventory import collect_snapshot  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
-from aggregator.store import StoredNode, load_nodes, open_bucket  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.fleet.store import StoredNode, load_nodes, open_bucket  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.codec import decode, encode  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
@@ -255,7 +255,7 @@ def serve_legacy(argv: list[str]) -> None:
     import aggregator.service
 
     aggregator.service.load_nodes = legacy_load_nodes  # type: ignore[assignment]
-    from aggregator.cli import main as aggregator_main
+    from aggregator.cli.main import main as aggregator_main
 
     sys.argv = ["aggregator", *argv]
     aggregator_main()

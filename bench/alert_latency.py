@@ -42,11 +42,11 @@ from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
 from aggregator.alerts.engine import EngineSettings  # noqa: E402
 from aggregator.alerts.lifecycle import LifecycleSettings  # noqa: E402
-from aggregator.alerts.setup import AlertWiring  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.alerts.wiring import AlertWiring  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from aggregator.service import AggregatorService, AggregatorSettings  # noqa: E402
 from proto.codec import decode  # noqa: E402
-from proto.messages import Alert  # noqa: E402
+from proto.messages.alerts import Alert  # noqa: E402
 
 NODE: Final = "bench-alert-01"
 SPEC: Final = "h100-ib-12nic"

@@ -35,19 +35,19 @@ sys.path.insert(0, str(REPO))
 from aiohttp import web  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent.inventory import collect_snapshot  # noqa: E402
+from agent.host.inventory import collect_snapshot  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
 from aggregator.alerts.delivery import Broker  # noqa: E402
 from aggregator.alerts.engine import AlertEngine, EngineSettings  # noqa: E402
 from aggregator.alerts.metrics import AlertMetrics  # noqa: E402
-from aggregator.api import ApiSettings, build_app  # noqa: E402
-from aggregator.api_alerts import SEVERITIES, add_alert_routes  # noqa: E402
-from aggregator.changes import ChangeFeed  # noqa: E402
+from aggregator.api.alerts import SEVERITIES, add_alert_routes  # noqa: E402
+from aggregator.api.app import ApiSettings, build_app  # noqa: E402
+from aggregator.api.errors import json_response  # noqa: E402
 from aggregator.cluster import NO_CLUSTER, ClusterView  # noqa: E402
-from aggregator.fleet import Fleet, summarize  # noqa: E402
-from aggregator.httperrors import json_response  # noqa: E402
+from aggregator.fleet.changefeed import ChangeFeed  # noqa: E402
+from aggregator.fleet.state import Fleet, summarize  # noqa: E402
 from aggregator.rules.finding import Finding  # noqa: E402
 from proto.policy import Policy  # noqa: E402
 

@@ -26,7 +26,9 @@ sys.path.insert(0, str(REPO))
 from proto import subjects  # noqa: E402
 from proto.codec import CodecError, decode, decode_counters  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch, DevicePluginStatus, LinkEvent  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
+from proto.messages.events import LinkEvent  # noqa: E402
+from proto.messages.status import DevicePluginStatus  # noqa: E402
 
 TYPES: Final[dict[str, Any]] = {
     subjects.SNAPSHOT: NodeSnapshot,

@@ -31,12 +31,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from loadgen import NodeShape, build_templates, busy_round  # noqa: E402
 
-from agent.counterdelta import delta_against  # noqa: E402
-from aggregator.fleet import Fleet, merge_counter_delta  # noqa: E402
-from aggregator.ingest import Ingest  # noqa: E402
+from agent.counters.deltas import delta_against  # noqa: E402
+from aggregator.fleet.ingest import Ingest  # noqa: E402
+from aggregator.fleet.state import Fleet, merge_counter_delta  # noqa: E402
 from aggregator.metrics import Metrics  # noqa: E402
 from proto import codec, subjects  # noqa: E402
-from proto.messages import CounterBatch  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
 
 try:  # absent in a copy of an older tree (before packing)
     from proto.packedcounters import pack

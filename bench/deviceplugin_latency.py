@@ -35,14 +35,14 @@ sys.path.insert(0, str(REPO))  # the kubelet emulator lives in tests/
 
 from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings  # noqa: E402
 from agent.deviceplugin.registration import Backoff  # noqa: E402
-from agent.inventory import collect_port_states, collect_snapshot  # noqa: E402
+from agent.host.inventory import collect_port_states, collect_snapshot  # noqa: E402
+from agent.host.portstates import PortStateReader  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab import faults  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
-from agent.portstates import PortStateReader  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
-from proto.messages import DevicePluginConfig, ResourceConfig, Selectors  # noqa: E402
+from proto.messages.config import DevicePluginConfig, ResourceConfig, Selectors  # noqa: E402
 from tests.kubelet import KubeletEmulator, PluginConnection  # noqa: E402
 
 # The issue's targets (issue 4, "Performance").

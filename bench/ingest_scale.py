@@ -52,9 +52,10 @@ from scale_probes import (
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto.codec import decode, encode_map  # noqa: E402
-from proto.messages import Alert, CounterBatch  # noqa: E402
+from proto.messages.alerts import Alert  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
 
 ATTACH: Final = ("both", "bare", "aggregator")  # who subscribes during one load run
 
@@ -280,7 +281,7 @@ async def start_py_spy(
 
 
 # Snapshots/s at the start: the pace the aggregator asks a fleet to answer a resync at
-# (aggregator/resync.py ResyncSettings.rate_nodes_per_s; 10,000 nodes = 50 s).
+# (aggregator/bus/resync.py ResyncSettings.rate_nodes_per_s; 10,000 nodes = 50 s).
 SNAPSHOT_RATE: Final = 200.0
 
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from loadgen import NodeShape, build_templates  # noqa: E402
 
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.fleet.store import SnapshotWriter, open_bucket  # noqa: E402
 from aggregator.metrics import Metrics  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
-from aggregator.store import SnapshotWriter, open_bucket  # noqa: E402
 from proto import codec  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
 

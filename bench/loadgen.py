@@ -27,19 +27,20 @@ import nats
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.counterdelta import delta_against  # noqa: E402
-from agent.counters import CounterReader  # noqa: E402
-from agent.inventory import collect_snapshot  # noqa: E402
+from agent.counters.deltas import delta_against  # noqa: E402
+from agent.counters.rates import with_rates  # noqa: E402
+from agent.counters.reader import CounterReader  # noqa: E402
+from agent.host.inventory import collect_snapshot  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab import faults  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import with_node_name  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
-from agent.rates import with_rates  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.compact import inventory_only  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch, LinkEvent, PortCounters  # noqa: E402
+from proto.messages.counters import CounterBatch, PortCounters  # noqa: E402
+from proto.messages.events import LinkEvent  # noqa: E402
 from proto.packedcounters import pack  # noqa: E402
 
 BATCH_SLEEP: Final = 0.002  # snapshots: publish everything due within 2 ms in one go

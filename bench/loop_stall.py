@@ -19,9 +19,9 @@ import time
 import msgspec
 from rules_evaluate import NOW, build
 
-from aggregator.alerts.setup import AllRules
+from aggregator.alerts.wiring import AllRules
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from proto.policy import Policy, load_policies
 
 PROBE_S = 0.001

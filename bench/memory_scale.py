@@ -37,21 +37,21 @@ import nats
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.counterdelta import delta_against  # noqa: E402
-from agent.counters import CounterReader  # noqa: E402
-from agent.inventory import collect_snapshot  # noqa: E402
+from agent.counters.deltas import delta_against  # noqa: E402
+from agent.counters.rates import with_rates  # noqa: E402
+from agent.counters.reader import CounterReader  # noqa: E402
+from agent.host.inventory import collect_snapshot  # noqa: E402
+from agent.host.sysfs import Sysfs  # noqa: E402
 from agent.lab import faults  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from agent.rates import with_rates  # noqa: E402
-from agent.sysfs import Sysfs  # noqa: E402
-from aggregator.fleet import Fleet  # noqa: E402
-from aggregator.heldcounters import CounterBase, HeldCounters  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.fleet.heldcounters import CounterBase, HeldCounters  # noqa: E402
+from aggregator.fleet.state import Fleet  # noqa: E402
 from bench.loadgen import busy_round  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
 from proto.packedcounters import PackedCounterBatch, pack, unpack  # noqa: E402
 
 TARGET_KB: Final = 50.0

@@ -20,7 +20,7 @@ from agent.lab.faults import port_down, port_up
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 
 NODE = "bench-restart-01"

@@ -37,11 +37,12 @@ from nats.js.kv import KV_MARKER_REASON, KV_OP
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.desired import CONFIG_STREAM  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from agent.bus.desired import CONFIG_STREAM  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.codec import decode, encode  # noqa: E402
-from proto.messages import DesiredConfig, DevicePluginStatus, ResourceStatus  # noqa: E402
+from proto.messages.config import DesiredConfig  # noqa: E402
+from proto.messages.status import DevicePluginStatus, ResourceStatus  # noqa: E402
 
 TARGET_P99_S: Final = 2.0
 RESOURCE: Final = "rdma/bench"
@@ -76,7 +77,7 @@ def policy_text(hca_max: int) -> str:
 async def sim_agent(
     nc: nats.NATS, node: str, ready: asyncio.Event, count: list[int], setup: asyncio.Semaphore
 ) -> None:
-    """Like agent/desired.py: a named consumer filtered on the node's own key (last value,
+    """Like agent/bus/desired.py: a named consumer filtered on the node's own key (last value,
     then updates, no acks); the callback reports the new generation at once."""
     subject = subjects.node_subject(node, subjects.STATUS)
     token = subjects.node_token(node)

@@ -27,12 +27,12 @@ import nats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the aggregator process helper lives in tests/
 
+from agent.bus.resyncpacing import ResyncPolicy  # noqa: E402
 from agent.lab.faults import port_down, port_up  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
-from agent.resync import ResyncPolicy  # noqa: E402
 from agent.service import AgentService, AgentSettings  # noqa: E402
-from aggregator.natsserver import NatsServer, NatsServerSettings  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from aggregator.service import AggregatorService, AggregatorSettings  # noqa: E402
 from proto import subjects  # noqa: E402
 from tests.integration.faults import AggregatorProcess, free_port  # noqa: E402

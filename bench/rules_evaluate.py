@@ -21,14 +21,15 @@ from pathlib import Path
 
 import msgspec
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
-from aggregator.fleet import Fleet
-from aggregator.rules.incremental import IncrementalRules
-from aggregator.rules.registry import evaluate
-from proto.messages import CounterBatch, LinkEvent, PortCounters
+from aggregator.fleet.state import Fleet
+from aggregator.rules.engine.incremental import IncrementalRules
+from aggregator.rules.engine.registry import evaluate
+from proto.messages.counters import CounterBatch, PortCounters
+from proto.messages.events import LinkEvent
 
 NOW = 1_800_000_000.0
 
@@ -130,9 +131,9 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
     from aggregator.alerts.delivery import Broker
     from aggregator.alerts.engine import AlertEngine, EngineSettings
     from aggregator.alerts.metrics import AlertMetrics
-    from aggregator.alerts.setup import AllRules
-    from aggregator.changes import ChangeFeed
+    from aggregator.alerts.wiring import AllRules
     from aggregator.cluster import NO_CLUSTER
+    from aggregator.fleet.changefeed import ChangeFeed
     from proto import codec
     from proto.inventory import NodeSnapshot
 

@@ -201,9 +201,9 @@ GENERIC_FRAMES: Final = (
     "click/",
     "asyncio/",
     "aggregator/__main__.py",
-    "aggregator/cli.py",
-    "aggregator/reviewflags.py",
-    "proto/natsflags.py",
+    "aggregator/cli/main.py",
+    "aggregator/cli/reviewflags.py",
+    "proto/runtime/natsflags.py",
 )
 
 
@@ -237,7 +237,12 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
 
 
 def _frame(text: str) -> str:
-    """`fn (path/to/file.py:123)` -> `fn (to/file.py)` (line numbers merged)."""
+    """`fn (.../aggregator/fleet/ingest.py:55)` -> `fn (aggregator/fleet/ingest.py)`: our
+    modules from their package root, others by their last two parts (line numbers merged)."""
     name, _, where = text.partition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
-    return f"{name} ({'/'.join(Path(path).parts[-2:])})" if path else name
+    if not path:
+        return name
+    parts = Path(path).parts
+    ours = [i for i, part in enumerate(parts) if part in ("agent", "aggregator", "proto")]
+    return f"{name} ({'/'.join(parts[ours[-1] if ours else -2 :])})"

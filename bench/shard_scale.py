@@ -26,8 +26,8 @@ from loadgen import LoadGen, LoadSpec, build_templates
 from prometheus_client.parser import text_string_to_metric_families
 from scale_probes import cpu_s
 
-from aggregator.natsauth import render_mappings_config
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.permissions import render_mappings_config
 from tests.conftest import wait_until
 from tests.integration.test_shards import Fleetwide, ShardReplica, replica_processes
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aggregator.natsauth import render_mappings_config
+from aggregator.bus.permissions import render_mappings_config
 from tests.conftest import wait_until
 from tests.integration.jscluster import js_cluster
 from tests.integration.test_shards import (

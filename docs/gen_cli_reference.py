@@ -31,7 +31,7 @@ The hand-written guide with examples is [cli.md](cli.md).
 def clis() -> list[tuple[str, click.Command]]:
     sys.path.insert(0, str(ROOT))
     from agent.cli import main as agent
-    from aggregator.cli import main as aggregator
+    from aggregator.cli.main import main as aggregator
     from aggregator.ctl.main import cli as ctl
 
     return [("nicfleetctl", ctl), ("nicfleet-agent", agent), ("nicfleet-aggregator", aggregator)]

@@ -14,14 +14,12 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from proto.inventory import NodeSnapshot
-from proto.messages import (
-    Alert,
-    CounterBatch,
-    DesiredConfig,
-    DevicePluginStatus,
-    LinkEvent,
-    ValidationResult,
-)
+from proto.messages.alerts import Alert
+from proto.messages.config import DesiredConfig
+from proto.messages.counters import CounterBatch
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus
+from proto.messages.validation import ValidationResult
 from proto.packedcounters import (
     CleanPackedCounterBatch,
     PackedCounterBatch,

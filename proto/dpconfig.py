@@ -18,7 +18,7 @@ from typing import Any, Final, Union, get_args, get_origin
 import msgspec
 import yaml
 
-from proto.messages import DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import DevicePluginConfig, ResourceConfig, Selectors
 
 DEFAULT_RESOURCE_PREFIX: Final = "rdma"
 # Values of the netdev's link encapsulation, as the upstream plugin reads them from netlink.

@@ -15,7 +15,8 @@ from typing import Annotated, Final, TypeVar
 import msgspec
 
 from proto.inventory import Base, ReadError
-from proto.messages import MESSAGES_VERSION, CounterBatch, PortCounters
+from proto.messages import MESSAGES_VERSION
+from proto.messages.counters import CounterBatch, PortCounters
 
 PACKED_TAG: Final = "nicfleet.v1.PackedCounterBatch"
 # The counter groups of PortCounters; a name-table entry of a counter is "<group>/<name>".

@@ -13,7 +13,7 @@ import msgspec
 import yaml
 
 from proto.dpconfig import ConfigError, parse_device_plugin_config
-from proto.messages import DevicePluginConfig
+from proto.messages.config import DevicePluginConfig
 
 API_VERSION = "nicfleet.io/v1alpha1"
 KIND = "NicFleetPolicy"

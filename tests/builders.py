@@ -12,16 +12,10 @@ from proto.inventory import (
     Port,
     PortStateName,
 )
-from proto.messages import (
-    CounterBatch,
-    DevicePluginConfig,
-    DevicePluginStatus,
-    LinkEvent,
-    PortCounters,
-    ResourceConfig,
-    ResourceStatus,
-    Selectors,
-)
+from proto.messages.config import DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.counters import CounterBatch, PortCounters
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from proto.policy import LabelSelector, Metadata, Policy, PolicySpec
 
 T0 = 1_800_000_000.0  # a fixed "now" for pure tests

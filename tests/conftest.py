@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 # Real captured trees and their reference values, kept in the repo (tests/data/*/README.md).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto.inventory import Device, Interface, NodeSnapshot, Port, PortStateName
-from proto.messages import DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import DevicePluginConfig, ResourceConfig, Selectors
 from tests.builders import T0
 
 RDMA_CM = "/dev/infiniband/rdma_cm"

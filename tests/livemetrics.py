@@ -21,9 +21,9 @@ from agent.deviceplugin.registration import Backoff
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
-from agent.metrics import agent_registry
+from agent.metrics.collector import agent_registry
 from agent.service import AgentService, AgentSettings
-from aggregator.apiauth import parse_token_file
+from aggregator.api.auth import parse_token_file
 from aggregator.service import AggregatorService, AggregatorSettings
 from tests.conftest import wait_until
 from tests.kubelet import KubeletEmulator

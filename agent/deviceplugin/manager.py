@@ -23,11 +23,12 @@ from agent.deviceplugin.cdi import cdi_spec, remove_cdi_spec, write_cdi_spec
 from agent.deviceplugin.plan import PortStates, ResourcePlan, empty_plan, plan_resource
 from agent.deviceplugin.registration import Backoff, RegistrationMode, resolve_mode
 from agent.deviceplugin.resource import ResourceRunner, RunnerSettings
+from agent.deviceplugin.selectors import Selection, select_devices
 from agent.deviceplugin.server import ResourceFeed
-from agent.selectors import Selection, select_devices
 from proto.dpconfig import resource_full_name
 from proto.inventory import NodeSnapshot
-from proto.messages import DevicePluginConfig, DevicePluginStatus, ResourceConfig, ResourceStatus
+from proto.messages.config import DevicePluginConfig, ResourceConfig
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Pure GetPreferredAllocation: which adapters of an exclusive resource belong together.
 
 Adapters are ranked by their PCIe relation (nvidia-smi's X < PIX < PXB < PHB < NODE < SYS,
-from agent.topology): adapters on one PCIe switch first, then one NUMA node. Shared
+from agent.host.topology): adapters on one PCIe switch first, then one NUMA node. Shared
 resources have interchangeable IDs, so any valid choice is as good as another. No I/O.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from agent.deviceplugin.plan import Adapter, InvalidRequest, ResourcePlan, validate_ids
-from agent.topology import Relation, classify_relation
+from agent.host.topology import Relation, classify_relation
 
 _RANK: Final = {r: i for i, r in enumerate(Relation)}
 _UNKNOWN: Final = _RANK[Relation.SYS]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Final, Literal
 
-from agent.selectors import SelectedDevice, Selection
+from agent.deviceplugin.selectors import SelectedDevice, Selection
 from proto.dpconfig import resource_full_name
 from proto.inventory import Device, NodeSnapshot, PortStateName
-from proto.messages import ResourceConfig
+from proto.messages.config import ResourceConfig
 
 Health = Literal["Healthy", "Unhealthy"]
 HEALTHY: Final[Health] = "Healthy"

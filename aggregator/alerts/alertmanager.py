@@ -18,7 +18,7 @@ from typing import Any, Final
 import httpx
 
 from aggregator.alerts.metrics import AlertMetrics
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 
 log = logging.getLogger(__name__)
 ALERTS_PATH: Final = "/api/v2/alerts"

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NatsClient
 from aggregator.alerts.lifecycle import FLEET_NODE
 from proto import subjects
 from proto.codec import encode
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 
 _TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 RING_SIZE: Final = 1024

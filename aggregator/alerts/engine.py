@@ -31,12 +31,12 @@ from aggregator.alerts.lifecycle import (
 )
 from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore
-from aggregator.changes import Subscription
 from aggregator.cluster import ClusterView
 from aggregator.errors import StoreError
-from aggregator.fleet import Fleet
+from aggregator.fleet.changefeed import Subscription
+from aggregator.fleet.state import Fleet
 from aggregator.rules.finding import Finding
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 from proto.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ EventType = Literal["Normal", "Warning"]
 
 
 class EventSink(Protocol):
-    """Creates a Kubernetes Event on a node (aggregator.kube implements it)."""
+    """Creates a Kubernetes Event on a node (aggregator.kube.client implements it)."""
 
     async def create_event(
         self, *, node: str, reason: str, message: str, event_type: EventType

@@ -16,7 +16,7 @@ from typing import Final, Literal
 import msgspec
 
 from aggregator.rules.finding import Finding
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 
 Phase = Literal["pending", "firing", "resolved"]
 # Alerts about the fleet as a whole (no node) carry this in `node` and in the subject.

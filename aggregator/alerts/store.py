@@ -17,8 +17,8 @@ from nats.js.kv import KeyValue
 
 from aggregator.alerts.lifecycle import Tracked
 from aggregator.errors import StoreError
-from aggregator.kvread import bucket_keys
-from aggregator.store import in_flight
+from aggregator.fleet.store import in_flight
+from aggregator.kv import bucket_keys
 from proto.codec import CodecError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 async def load_states(kv: KeyValue) -> dict[str, Tracked]:
     # The stream's subject list, not `kv.keys()`: nats-py's listing misses keys that are
-    # written meanwhile (aggregator.kvread), and a missed firing alert would fire again.
+    # written meanwhile (aggregator.kv), and a missed firing alert would fire again.
     js: JetStreamContext = kv._js
     bucket: str = kv._name
     try:

@@ -56,7 +56,7 @@ class _AlertsClient(AggregatorClient):
 
 
 def _finding_key(item: dict[str, Any]) -> tuple[int, str, str, str]:
-    """The API's order (`aggregator.rules.registry.sort_key`): most severe first."""
+    """The API's order (`aggregator.rules.engine.registry.sort_key`): most severe first."""
     severity = SEVERITY_ORDER.get(str(item.get("severity")), len(SEVERITY_ORDER))
     return severity, str(item.get("node") or ""), str(item.get("rule")), str(item.get("subject"))
 

@@ -2,7 +2,7 @@
 how a node image is vetted before it joins a cluster.
 
 Owns reading the files (snapshots as `nicfleet-agent snapshot` prints them, an optional
-policy YAML) and the exit codes; the rules themselves are `aggregator.rules.registry`.
+policy YAML) and the exit codes; the rules themselves are `aggregator.rules.engine.registry`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from aggregator.ctl.render import console_for
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.finding import Finding
-from aggregator.rules.registry import evaluate
 from aggregator.rules.thresholds import ThresholdError, Thresholds, parse_alerts
 from proto.codec import CodecError, from_json
 from proto.inventory import NodeSnapshot

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aggregator.fleet import ACTIVE_STATES, EventView, NodeDetail, NodeSummary
+from aggregator.fleet.state import ACTIVE_STATES, EventView, NodeDetail, NodeSummary
 from proto.inventory import Device, Port
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -1,2 +1,2 @@
 """Rules: pure functions `(fleet, policies, cluster, now) -> list[Finding]`, one module per
-family; `ALL_RULES` (in `aggregator.rules.registry`) is the explicit tuple of them."""
+family; `ALL_RULES` (in `aggregator.rules.engine.registry`) is the explicit tuple of them."""

@@ -8,7 +8,7 @@ Pure. Unknown bookkeeping (None) or a new full batch answers False: compare the 
 
 from __future__ import annotations
 
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 
 
 def base_of(record: NodeRecord) -> tuple[int, frozenset[str]] | None:

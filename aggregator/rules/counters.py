@@ -1,7 +1,7 @@
 """Counter rules on the latest counter batch of each node: error rates per counter family,
 transport retries exceeded and ignored congestion notifications.
 
-Pure. Rates come from the agent (agent/rates.py): a counter that saturated or reset has no
+Pure. Rates come from the agent (agent/counters/rates.py): a counter that saturated or reset has no
 rate this round and is reported by `data-quality`, as is a rate that is NaN or negative.
 """
 
@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Final
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import finite
 from aggregator.rules.thresholds import Thresholds
-from proto.messages import PortCounters
+from proto.messages.counters import PortCounters
 from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]
@@ -26,7 +26,7 @@ Fleet = Mapping[str, NodeRecord]
 
 _FAMILIES: Final = tuple(COUNTER_FAMILIES.items())
 # The counter/rate keys (rate-key spelling) each rule reads of a port, besides its
-# device/port: aggregator.rules.incremental reuses a node's findings over a counter delta
+# device/port: aggregator.rules.engine.incremental reuses a node's findings over a counter delta
 # that changed none of them.
 COUNTER_ERRORS_KEYS: Final = frozenset(k for keys in COUNTER_FAMILIES.values() for k in keys)
 RETRIES_EXCEEDED_KEYS: Final = frozenset(RETRY_COUNTERS)

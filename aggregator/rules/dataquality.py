@@ -3,7 +3,7 @@ files, unknown port states, absurd values, NaN/negative rates, saturated or rese
 
 Pure in effect. Such input never passes silently as "all clear": it becomes one warning per
 node and subject, listing every problem found there. A counter batch the fleet found clean
-at ingest (aggregator.heldcounters: C-level scans of the delta, the base's verdict) is not
+at ingest (aggregator.fleet.heldcounters: C-level scans of the delta, the base's verdict) is not
 read: a held delta is merged only when it may have something to list.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, FLAP_COUNTERS, RETRY_COUNTERS
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import ports, subject
@@ -23,7 +23,7 @@ from aggregator.rules.nodememo import NodeMemo
 from aggregator.rules.thresholds import Thresholds
 from aggregator.rules.versions import parse_version
 from proto.inventory import NodeSnapshot
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Final, TypeVar
 
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet import ACTIVE_STATES, NodeRecord
+from aggregator.fleet.state import ACTIVE_STATES, NodeRecord
 from aggregator.rules.nodememo import NodeMemo
 from proto.inventory import Device, NodeSnapshot, Port
 from proto.policy import Expect, Policy

@@ -15,7 +15,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import is_active, majority_of, node_compute_adapters
 from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run

@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.catalog import FLAP_COUNTERS
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.finding import Finding, Severity

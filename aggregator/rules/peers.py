@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass
 
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.finding import Finding
 from proto.policy import Expect, Policy
 

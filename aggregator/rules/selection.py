@@ -1,9 +1,10 @@
 """Which adapters of a snapshot a device-plugin resource's selectors match — the
 aggregator's view for `selector-matches-nothing` when no agent status says it.
 
-Pure. Follows the agent's selector semantics (agent/selectors.py, docs/device-plugin-config.md)
-on the snapshot alone: device-level selectors, and at least one port passing the port-level
-ones; char-device health is not judged here (that is the agent's `excluded`).
+Pure. Follows the agent's selector semantics (agent/deviceplugin/selectors.py,
+docs/device-plugin-config.md) on the snapshot alone: device-level selectors, and at least
+one port passing the port-level ones; char-device health is not judged here (that is the
+agent's `excluded`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import msgspec
 
 from proto.dpconfig import normalize_link_layer, normalize_link_type, normalize_pci_id
 from proto.inventory import Device, NodeSnapshot
-from proto.messages import ResourceConfig, Selectors
+from proto.messages.config import ResourceConfig, Selectors
 
 _ARPHRD_LINK_TYPE = {1: "ether", 32: "infiniband"}
 _LAYER_LINK_TYPE = {"Ethernet": "ether", "InfiniBand": "infiniband"}

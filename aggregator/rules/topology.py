@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import (
     DEFAULT_MAX_RELATION,

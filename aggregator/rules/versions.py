@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet import NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import (
     MODEL_NAMES,

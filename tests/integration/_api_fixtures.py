@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from aggregator.api import ApiSettings, build_app
-from aggregator.fleet import Fleet
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.fleet.state import Fleet
 from tests.builders import T0, counters, device, port, port_event, snapshot
 
 NOW = T0 + 5

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
-from aggregator.api import ApiSettings, build_app
+from aggregator.api.app import ApiSettings, build_app
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from proto.inventory import Device, PortStateName
 from proto.policy import Policy
 from tests.builders import T0, modules, nic, plugin_status, rdma_policy, resource_status, snapshot

@@ -21,17 +21,17 @@ from aiohttp import web
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
-from aggregator.api import ApiSettings, build_app
-from aggregator.api_validations import add_validation_routes
-from aggregator.apiauth import ApiAuth
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.auth import ApiAuth
+from aggregator.api.validations import add_validation_routes
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.validation import ID_LABEL, ROLE_LABEL, ValidationSettings
-from aggregator.validations import ValidationRunner, ValidationStore, load_template
+from aggregator.fleet.state import Fleet
+from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.validations.record import ID_LABEL, ROLE_LABEL, ValidationSettings
+from aggregator.validations.runner import ValidationRunner, ValidationStore, load_template
 from proto import subjects
 from proto.codec import encode
-from proto.messages import LatencySummary, PairTestResult, ValidationResult
+from proto.messages.validation import LatencySummary, PairTestResult, ValidationResult
 from tests.builders import plugin_status, resource_status
 
 PODS = "v1/pods"

@@ -22,12 +22,12 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.js.api import StreamConfig
 
-from agent.inventory import collect_snapshot
-from agent.sysfs import Sysfs
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from proto.codec import decode
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 from tests.conftest import REPO
 
 ALERTS = "nicfleet.v1.alert.>"

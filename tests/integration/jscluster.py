@@ -1,6 +1,6 @@
 """A 3-server JetStream cluster on loopback for fault tests (test support, not product).
 
-Each server is an `aggregator.natsserver.NatsServer` with its own name, store directory
+Each server is an `aggregator.bus.natsserver.NatsServer` with its own name, store directory
 and cluster (route) port; every server routes to all three.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 
 
 def _free_port() -> int:

@@ -21,11 +21,11 @@ from agent.lab.faults import port_down, port_up
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import decode
 from proto.deviceplugin import api_pb2
-from proto.messages import DevicePluginStatus
+from proto.messages.status import DevicePluginStatus
 from tests.conftest import wait_until
 from tests.kubelet import KubeletEmulator
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import encode
 from tests.conftest import wait_until

@@ -30,11 +30,11 @@ from agent.lab.faults import port_down, port_up
 from agent.lab.hotplug import STASH, device_add, device_remove
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import encode
 from proto.dpconfig import ConfigError, resource_full_name, validate_device_plugin_config
-from proto.messages import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
 from tests.conftest import REPO, wait_until
 from tests.kubelet import KubeletEmulator
 

@@ -10,7 +10,7 @@ import nats
 import pytest
 
 from aggregator.alerts.store import AlertStore, load_states
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto.codec import encode
 from tests.unit.test_shard_writes import NODES, firing
 

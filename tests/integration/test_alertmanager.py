@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry
 from agent.lab.faults import port_down, port_up
 from aggregator.alerts.alertmanager import AlertmanagerSettings, AlertmanagerSink, to_postable
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.alerts.setup import AlertWiring
-from aggregator.natsserver import NatsServer
+from aggregator.alerts.wiring import AlertWiring
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService, AggregatorSettings
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import agent, lab_node
 

@@ -20,19 +20,19 @@ from agent.lab.faults import port_down, port_up
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings, Evaluate
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.alerts.setup import NodeEvents
-from aggregator.changes import ChangeFeed
+from aggregator.alerts.wiring import NodeEvents
+from aggregator.bus.natsserver import NatsServer
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.natsserver import NatsServer
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
+from aggregator.fleet.store import StoredNode
+from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.rules.finding import Finding
 from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.store import StoredNode
 from proto import subjects
 from proto.codec import decode
-from proto.messages import Alert
-from proto.natsflush import flush_in_order
+from proto.messages.alerts import Alert
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import agent, lab_node
 
@@ -275,7 +275,7 @@ async def test_restart_keeps_firing_alert_without_renotify(
 
 
 async def test_critical_alerts_become_node_events_in_the_cluster() -> None:
-    """The EventSink wired to aggregator.kube, against kmock's emulated API server."""
+    """The EventSink wired to aggregator.kube.client, against kmock's emulated API server."""
     events_path = "v1/events"
     emulator = kmock.KubernetesEmulator()
     emulator.resources[events_path] = kmock.ResourceInfo(kind="Event", namespaced=True)

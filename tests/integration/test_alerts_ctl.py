@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.api_alerts import StreamSettings, add_alert_routes
-from aggregator.changes import ChangeFeed
+from aggregator.api.alerts import StreamSettings, add_alert_routes
+from aggregator.api.errors import BadParameter, error_response
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.ctl.main import cli
-from aggregator.fleet import Fleet
-from aggregator.httperrors import BadParameter, error_response
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
 from aggregator.rules.finding import Finding
 from proto.policy import Policy
 from tests.conftest import REPO, wait_until

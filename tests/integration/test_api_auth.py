@@ -12,9 +12,9 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from aggregator.api import ApiSettings, build_app
-from aggregator.apiauth import ApiAuth, parse_token_file
-from aggregator.natsserver import NatsServer
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.auth import ApiAuth, parse_token_file
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService, AggregatorSettings
 from tests.integration._api_fixtures import STALE_AFTER, FakeClock, Readiness, sample_fleet
 
@@ -156,7 +156,7 @@ async def test_tokens_never_logged_and_server_keeps_serving(
     await client.delete("/api/v1/nodes/gpu-001", headers=bearer(READ))
     await client.get("/api/v1/nodes", headers={"Authorization": "Bearer " + "q" * 20 + "!"})
     await client.get("/api/v1/nodes", headers=bearer(ADMIN))
-    refusals = [r for r in caplog.records if r.name == "aggregator.apiauth"]
+    refusals = [r for r in caplog.records if r.name == "aggregator.api.auth"]
     assert len(refusals) == 3
     logged = "\n".join(r.getMessage() for r in caplog.records) + caplog.text
     for secret in (READ, ADMIN, wrong):

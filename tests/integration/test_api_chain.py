@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from aggregator.trace import LINK_NAMES
+from aggregator.trace.chain import LINK_NAMES
 from tests.builders import rdma_policy
 from tests.integration._api_fixtures import Harness, sample_fleet
 from tests.integration._chain_fixtures import RES, ChainHarness, chain_cluster

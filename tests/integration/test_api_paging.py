@@ -19,12 +19,12 @@ from prometheus_client import CollectorRegistry
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.api import ApiSettings, build_app
-from aggregator.api_alerts import add_alert_routes
-from aggregator.changes import ChangeFeed
+from aggregator.api.alerts import add_alert_routes
+from aggregator.api.app import ApiSettings, build_app
 from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
 from aggregator.ctl.main import cli
-from aggregator.fleet import Fleet
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
 from aggregator.rules.finding import Finding, Severity
 from proto.policy import Policy
 from tests.builders import T0, snapshot

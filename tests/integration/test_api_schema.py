@@ -28,15 +28,15 @@ from schemathesis.specs.openapi.checks import (
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.api import ApiSettings, build_app
-from aggregator.api_alerts import StreamSettings, add_alert_routes
-from aggregator.apiauth import ApiAuth, load_token_file
-from aggregator.changes import ChangeFeed
+from aggregator.api.alerts import StreamSettings, add_alert_routes
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.auth import ApiAuth, load_token_file
 from aggregator.cluster import ClusterView
-from aggregator.fleet import Fleet
-from aggregator.reconciler import NodePlan, ReconcileReport
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
+from aggregator.reconcile.loop import NodePlan, ReconcileReport
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.finding import Finding
-from aggregator.rules.registry import evaluate
 from proto.policy import Policy
 from tests.builders import T0, counters, rdma_policy, snapshot
 from tests.integration._api_fixtures import NOW, STALE_AFTER, FakeClock, Readiness, serve_in_thread

@@ -22,14 +22,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner, Result
 from prometheus_client import CollectorRegistry
 
-from aggregator.api import ApiSettings, build_app
-from aggregator.apiauth import ApiAuth, parse_token_file
-from aggregator.cli import main as aggregator_cli
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.auth import ApiAuth, parse_token_file
+from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
+from aggregator.bus.natsserver import NatsServer
+from aggregator.cli.main import main as aggregator_cli
 from aggregator.ctl.main import cli
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.natsserver import NatsServer
+from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.tokenreview import ReviewSettings, TokenReviewer
 from tests.integration._api_fixtures import STALE_AFTER, FakeClock, Readiness, sample_fleet
 
 pytestmark = pytest.mark.integration
@@ -327,7 +327,7 @@ async def test_no_token_in_logs_metrics_or_answers(
         seen.append(await response.text())
         seen.append(await (await client.get("/metrics", headers=bearer(READ_SA))).text())
         seen.append(repr(reviewer) + repr(reviewer.cache) + repr(reviewer.settings))
-    assert any(r.name == "aggregator.apiauth" for r in caplog.records)
+    assert any(r.name == "aggregator.api.auth" for r in caplog.records)
     shown = caplog.text + "\n".join(r.getMessage() for r in caplog.records) + "\n".join(seen)
     for secret in (*SECRETS, unseen):
         assert secret not in shown

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto.codec import from_json
 from proto.inventory import NodeSnapshot
 from tests.conftest import FIXTURES, REPO

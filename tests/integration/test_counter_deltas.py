@@ -11,13 +11,13 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from agent.counters import CounterReader
+from agent.counters.reader import CounterReader
+from agent.host.sysfs import Sysfs
 from agent.service import AgentService, AgentSettings
-from agent.sysfs import Sysfs
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import decode
-from proto.messages import CounterBatch
+from proto.messages.counters import CounterBatch
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import aggregator, lab_node
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from aggregator.ctl.main import cli
 from aggregator.ctl.render import console_for, render_nodes
-from aggregator.fleet import Fleet, summarize
+from aggregator.fleet.state import Fleet, summarize
 from tests.integration._api_fixtures import NOW, STALE_AFTER, Harness, sample_fleet, serve_in_thread
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from aggregator.apiauth import parse_token_file
-from aggregator.cli import main as aggregator_cli
+from aggregator.api.auth import parse_token_file
+from aggregator.cli.main import main as aggregator_cli
 from aggregator.ctl.main import cli
 from tests.integration._api_fixtures import serve_in_thread
 from tests.integration.test_api_auth import ADMIN, READ, TOKENS, app_with

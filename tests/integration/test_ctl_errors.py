@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from aggregator.apiauth import parse_token_file
+from aggregator.api.auth import parse_token_file
 from aggregator.ctl.main import cli
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from tests.integration._api_fixtures import Harness, sample_fleet, serve_in_thread
 from tests.integration.test_api_auth import READ, TOKENS, app_with
 

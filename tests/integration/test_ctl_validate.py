@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from aggregator.apiauth import parse_token_file
+from aggregator.api.auth import parse_token_file
+from aggregator.bus.natsserver import NatsServer
 from aggregator.ctl.main import cli
-from aggregator.natsserver import NatsServer
-from proto.messages import ValidationResult
+from proto.messages.validation import ValidationResult
 from tests.integration._validation_fixtures import RES, Stack, answer, stack_in_thread
 
 pytestmark = pytest.mark.integration

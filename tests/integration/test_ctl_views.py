@@ -19,11 +19,11 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
+from agent.host.topology import parse_topo_matrix
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
-from agent.topology import parse_topo_matrix
 from aggregator.ctl.main import cli
 from tests.integration._api_fixtures import NOW, Harness, sample_fleet, serve_in_thread
 from tests.unit.sysfs_trees import TOPOLOGY

@@ -19,10 +19,10 @@ import httpx
 import nats
 import pytest
 
-from aggregator.natskeys import Provisioned, provision
+from aggregator.bus.keys import Provisioned, provision
 from proto import subjects
-from proto.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
-from proto.natsflush import flush_in_order
+from proto.runtime.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.unit.test_deploy import find, render
 

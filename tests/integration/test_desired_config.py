@@ -16,16 +16,16 @@ import nats
 import pytest
 from nats.js.kv import KeyValue
 
-from agent.desired import DesiredConfigWatcher, DesiredSettings
+from agent.bus.desired import DesiredConfigWatcher, DesiredSettings
 from agent.deviceplugin.manager import DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import encode
-from proto.messages import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
 from tests.conftest import wait_until
 from tests.kubelet import KubeletEmulator
 

@@ -22,13 +22,14 @@ import pytest
 
 from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
 from agent.deviceplugin.registration import Backoff, RegistrationMode
-from agent.inventory import collect_port_states, collect_snapshot
+from agent.host.inventory import collect_port_states, collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab import faults
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
 from proto.deviceplugin import api_pb2
-from proto.messages import DevicePluginStatus, ResourceStatus, Selectors
+from proto.messages.config import Selectors
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from tests.conftest import wait_until
 from tests.dpfakes import config, node, rdma_device, resource
 from tests.kubelet import KubeletEmulator, PluginConnection, silent_socket

@@ -20,7 +20,7 @@ import pytest
 
 from agent.deviceplugin.server import socket_id
 from agent.lab.faults import port_down
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService
 from proto.deviceplugin import api_pb2
 from tests.conftest import wait_until

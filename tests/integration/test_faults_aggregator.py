@@ -14,13 +14,13 @@ import msgspec
 import nats
 import pytest
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down
-from agent.sysfs import Sysfs
-from aggregator.leader import LEADER_BUCKET, LEADER_KEY
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.store import StoredNode, open_bucket
+from aggregator.replicas.leader import LEADER_BUCKET, LEADER_KEY
 from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.store import StoredNode, open_bucket
 from proto import subjects
 from proto.codec import decode, encode
 from tests.conftest import wait_until

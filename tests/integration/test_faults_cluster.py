@@ -16,8 +16,8 @@ from nats.errors import Error as NatsError
 from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
-from aggregator.leader import NatsLease
-from proto.natsflush import flush_in_order
+from aggregator.replicas.leader import NatsLease
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.integration.jscluster import js_cluster
 

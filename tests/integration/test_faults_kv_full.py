@@ -14,9 +14,9 @@ import pytest
 from nats.js.client import JetStreamContext
 
 from agent.lab.faults import port_down
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.store import StoredNode
 from aggregator.service import AggregatorService
-from aggregator.store import StoredNode
 from proto import subjects
 from proto.codec import decode
 from tests.conftest import wait_until

@@ -19,7 +19,7 @@ import nats
 import pytest
 
 from agent.lab.faults import port_down, port_up
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService
 from proto import subjects
 from tests.conftest import wait_until

@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from agent.lab.faults import port_down
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.service import AggregatorService
 from proto import subjects
 from tests.conftest import wait_until

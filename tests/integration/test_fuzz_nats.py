@@ -17,25 +17,20 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from agent.desired import DesiredConfigWatcher
-from aggregator.fleet import Fleet
-from aggregator.ingest import Ingest
+from agent.bus.desired import DesiredConfigWatcher
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.ingest import Ingest
+from aggregator.fleet.state import Fleet
 from aggregator.metrics import Metrics
-from aggregator.natsserver import NatsServer
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import MAX_PAYLOAD, decode, encode
 from proto.dpconfig import validate_device_plugin_config
 from proto.inventory import NodeSnapshot
-from proto.messages import (
-    CounterBatch,
-    DesiredConfig,
-    DevicePluginConfig,
-    DevicePluginStatus,
-    LinkEvent,
-    ResourceConfig,
-    Selectors,
-)
+from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.counters import CounterBatch
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus
 from tests import builders
 from tests.builders import T0
 from tests.conftest import wait_until

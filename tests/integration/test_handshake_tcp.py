@@ -1,5 +1,5 @@
 """The pair test over real TCP on loopback, with a fake queue pair behind the
-agent.rdmatest boundary (no RDMA hardware here): results, and every way a peer can fail
+agent.verify.pair.queuepair boundary (no RDMA hardware here): results, and every way a peer can fail
 the handshake ending in a clear error within the timeout."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
-from agent import pairtest
-from agent.handshake import (
+from agent.verify.pair import sides as pairtest
+from agent.verify.pair.handshake import (
     MAX_FRAME,
     Endpoint,
     HandshakeError,
@@ -21,8 +21,8 @@ from agent.handshake import (
     connect,
     encode_frame,
 )
-from agent.rdmatest import RdmaTestError, Transfer
-from proto.messages import PairTestResult
+from agent.verify.pair.queuepair import RdmaTestError, Transfer
+from proto.messages.validation import PairTestResult
 
 pytestmark = pytest.mark.integration
 

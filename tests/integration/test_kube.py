@@ -1,4 +1,4 @@
-"""aggregator.kube and aggregator.kube_watch against kmock's KubernetesEmulator over real
+"""aggregator.kube.client and aggregator.kube.watch against kmock's KubernetesEmulator over real
 HTTP on loopback, driven by the official client (kubernetes.aio)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from aggregator.errors import KubeError, KubeUnavailableError
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.kube_objects import LeaseRecord
-from aggregator.kube_watch import ClusterWatcher, WatchSettings
+from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.kube.objects import LeaseRecord
+from aggregator.kube.watch import ClusterWatcher, WatchSettings
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -380,7 +380,7 @@ async def test_bad_kubeconfig_is_a_kube_error(tmp_path: Path) -> None:
 
 def test_the_aggregator_without_a_cluster_does_not_import_kubernetes() -> None:
     # `kubernetes` costs ~0.4 s of every start; it is imported when a KubeClient connects.
-    probe = "import sys, aggregator.cli; print('kubernetes' in sys.modules)"
+    probe = "import sys, aggregator.cli.main; print('kubernetes' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=Path(__file__).resolve().parents[2],

@@ -8,10 +8,10 @@ from pathlib import Path
 import nats
 import pytest
 
+from aggregator.bus.natsserver import NatsServer
 from aggregator.errors import StoreError
-from aggregator.natsserver import NatsServer
+from aggregator.fleet.store import ensure_buckets
 from aggregator.service import KV_BUCKETS
-from aggregator.store import ensure_buckets
 from tests.conftest import wait_until
 from tests.integration.jscluster import js_cluster
 

@@ -13,8 +13,9 @@ import kmock
 import nats
 import pytest
 
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.leader import (
+from aggregator.bus.natsserver import NatsServer
+from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.replicas.leader import (
     KubeLease,
     LeaderElector,
     LeaderSettings,
@@ -23,7 +24,6 @@ from aggregator.leader import (
     Observed,
     decide,
 )
-from aggregator.natsserver import NatsServer
 from tests.conftest import wait_until
 
 # Short times keep the tests quick; production defaults are 10 s / 3 s / 1 s.

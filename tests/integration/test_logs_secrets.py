@@ -16,7 +16,7 @@ import pytest
 
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
-from aggregator.natskeys import provision
+from aggregator.bus.keys import provision
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from tests.livemetrics import RESOURCE, families, live_scrape, sample_value
 
 pytestmark = pytest.mark.integration

@@ -19,17 +19,18 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from agent.desired import DesiredConfigWatcher, DesiredSettings
+from agent.bus.desired import DesiredConfigWatcher, DesiredSettings
 from agent.service import AgentService, AgentSettings
-from aggregator.natsauth import ServerTls
-from aggregator.natskeys import Provisioned, provision
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.keys import Provisioned, provision
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.permissions import ServerTls
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import decode, encode
-from proto.messages import DesiredConfig, DevicePluginConfig, ResyncRequest
-from proto.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
-from proto.natsflush import flush_in_order
+from proto.messages.config import DesiredConfig, DevicePluginConfig
+from proto.messages.control import ResyncRequest
+from proto.runtime.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
+from proto.runtime.natsflush import flush_in_order
 from tests import builders
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import lab_node

@@ -7,8 +7,8 @@ from __future__ import annotations
 import nats
 import pytest
 
-from aggregator.natsserver import NatsServer
-from proto.natsflush import flush_in_order
+from aggregator.bus.natsserver import NatsServer
+from proto.runtime.natsflush import flush_in_order
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import nats
 import pytest
 
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.errors import EmbeddedNatsError
-from aggregator.natsserver import NatsServer, NatsServerSettings
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 
 from agent.lab import faults
 from agent.service import AgentService, AgentSettings
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from proto.codec import decode
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 from tests.integration.test_netlink import NETDEV, aip, requires_netns
 from tests.integration.test_netlink import netns as netns
 from tests.integration.test_pipeline import aggregator, lab_node

@@ -25,21 +25,21 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from agent.linkevents import (
+from agent.bus.publisher import Publisher
+from agent.links.netdevs import (
     Netdevs,
     Observation,
     diff_netdevs,
     netdevs_from_dump,
     update_netdevs,
 )
-from agent.netlink import NETNS_RUN_DIR, NetlinkUnavailable, NetlinkWatcher
-from agent.publisher import Publisher
-from aggregator.natsserver import NatsServer
+from agent.links.netlink import NETNS_RUN_DIR, NetlinkUnavailable, NetlinkWatcher
+from aggregator.bus.natsserver import NatsServer
 from proto import subjects
 from proto.codec import decode
 from proto.inventory import NodeSnapshot
-from proto.messages import LinkEvent
-from proto.natsflush import flush_in_order
+from proto.messages.events import LinkEvent
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -11,17 +11,17 @@ import httpx
 import nats
 import pytest
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
-from agent.sysfs import Sysfs
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import encode
-from proto.messages import CounterBatch
+from proto.messages.counters import CounterBatch
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
-"""The real RC queue pair (agent.rdmatest) on RDMA hardware: both sides of the pair test
-in one process on one port, the handshake over loopback TCP. Needs a device with an ACTIVE
+"""The real RC queue pair (agent.verify.pair.queuepair) on RDMA hardware: both sides of the
+pair test in one process on one port, the handshake over loopback TCP. Needs a device with an ACTIVE
 port and Debian's python3-pyverbs; run with NICFLEET_RDMA_HW=1 [NICFLEET_RDMA_DEVICE=mlx5_0
 NICFLEET_RDMA_PORT=1 NICFLEET_RDMA_GID_INDEX=3 (RoCE v2)]."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import pairtest
-from agent.rdmatest import PyverbsQueuePair
-from agent.verbs import load_pyverbs
-from proto.messages import PairTestResult
+from agent.host.verbs import load_pyverbs
+from agent.verify.pair import sides as pairtest
+from agent.verify.pair.queuepair import PyverbsQueuePair
+from proto.messages.validation import PairTestResult
 
 pytestmark = [
     pytest.mark.rdma_hw,

@@ -16,25 +16,25 @@ import nats
 import pytest
 import yaml
 
-from agent.desired import DesiredSettings
+from agent.bus.desired import DesiredSettings
 from agent.deviceplugin.manager import DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
-from aggregator.apply import CONFIG_MAX_CONSUMERS
-from aggregator.changes import ChangeFeed
-from aggregator.fleet import Fleet
-from aggregator.kube import KubeClient, KubeSettings
-from aggregator.kube_watch import ClusterWatcher
-from aggregator.natsserver import NatsServer
-from aggregator.policies import ClusterPolicies
-from aggregator.policystatus import PolicyStatus
-from aggregator.reconciler import Reconciler, ReconcileSettings
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
+from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.kube.watch import ClusterWatcher
+from aggregator.reconcile.apply import CONFIG_MAX_CONSUMERS
+from aggregator.reconcile.loop import Reconciler, ReconcileSettings
+from aggregator.reconcile.policies import ClusterPolicies
+from aggregator.reconcile.status import PolicyStatus
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import decode
-from proto.messages import DesiredConfig
+from proto.messages.config import DesiredConfig
 from proto.policy import load_policies
 from tests.builders import T0, nic, plugin_status, resource_status, snapshot
 from tests.conftest import wait_until

@@ -9,13 +9,13 @@ from pathlib import Path
 import nats
 import pytest
 
-from aggregator.apply import ConfigStore, open_config_bucket
-from aggregator.changes import ChangeFeed
+from aggregator.bus.natsserver import NatsServer
 from aggregator.errors import StoreError
-from aggregator.fleet import Fleet
-from aggregator.natsserver import NatsServer
-from aggregator.policies import FilePolicies
-from aggregator.reconciler import Reconciler, ReconcileSettings
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
+from aggregator.reconcile.apply import ConfigStore, open_config_bucket
+from aggregator.reconcile.loop import Reconciler, ReconcileSettings
+from aggregator.reconcile.policies import FilePolicies
 
 
 async def test_unreadable_config_bucket_raises_a_store_error(own_nats: NatsServer) -> None:
@@ -48,7 +48,7 @@ async def test_leader_takeover_with_the_bucket_down_retries_instead_of_crashing(
             is_leader=lambda: True,
         )
         own_nats.stop(kill=True)
-        with caplog.at_level(logging.WARNING, logger="aggregator.reconciler"):
+        with caplog.at_level(logging.WARNING, logger="aggregator.reconcile.loop"):
             report = await rec.reconcile_once()
         assert not report.leader
         assert "stored configs are unreadable" in caplog.text

@@ -17,15 +17,15 @@ import httpx
 import nats
 import pytest
 
+from agent.bus.resyncpacing import ResyncPolicy
 from agent.lab.faults import port_down
-from agent.resync import ResyncPolicy
 from agent.service import AgentService, AgentSettings
-from aggregator.natsserver import NatsServer, NatsServerSettings
-from aggregator.resync import ResyncSettings
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.resync import ResyncSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import encode
-from proto.messages import ResyncRequest
+from proto.messages.control import ResyncRequest
 from tests.conftest import wait_until
 from tests.integration.faults import AggregatorProcess, free_port
 from tests.integration.test_alerts import subscriber

@@ -12,8 +12,8 @@ import httpx
 import kmock
 import pytest
 
-from aggregator.kube import KubeSettings
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
+from aggregator.kube.client import KubeSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from tests.conftest import wait_until
 from tests.integration.test_pipeline import agent, lab_node

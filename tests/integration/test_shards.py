@@ -1,5 +1,5 @@
 """Sharded aggregators on a 3-server NATS cluster (docs/scaling.md): nats-server's
-partition mapping agrees with `aggregator.shards.partition_of` and is applied after the
+partition mapping agrees with `aggregator.replicas.partitions.partition_of` and is applied after the
 publish permission check; 3 replicas hold every node exactly once and find what one
 process finds; a replica that dies is taken over: no finding is lost, its nodes' alerts
 stay firing exactly once, and the leader's desired config still reaches its nodes."""
@@ -21,20 +21,22 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
+from aggregator.api.shards import SERVED_BY
+from aggregator.bus.keys import new_user_seed, public_key
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.permissions import Identity, Role, render_mappings_config, render_server_config
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
-from aggregator.natsauth import Identity, Role, render_mappings_config, render_server_config
-from aggregator.natskeys import new_user_seed, public_key
-from aggregator.natsserver import NatsServer, NatsServerSettings
-from aggregator.rules.registry import evaluate
-from aggregator.shardroutes import SERVED_BY
-from aggregator.shards import partition_of
+from aggregator.fleet.state import Fleet
+from aggregator.replicas.partitions import partition_of
+from aggregator.rules.engine.registry import evaluate
 from proto import subjects
 from proto.codec import decode, encode
 from proto.inventory import NodeSnapshot
-from proto.messages import Alert, DesiredConfig, ResyncRequest
-from proto.natsflush import flush_in_order
+from proto.messages.alerts import Alert
+from proto.messages.config import DesiredConfig
+from proto.messages.control import ResyncRequest
 from proto.policy import Policy, load_policies
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import wait_until
 from tests.integration.faults import AggregatorProcess
 from tests.integration.jscluster import js_cluster
@@ -158,7 +160,7 @@ async def test_server_mapping_matches_partition_of_and_keeps_publish_permissions
 def test_mapping_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
     import subprocess
 
-    from aggregator.natsserver import find_nats_server
+    from aggregator.bus.natsserver import find_nats_server
 
     config = tmp_path / "m.conf"
     config.write_text(render_mappings_config(30))
@@ -239,7 +241,7 @@ def replica_processes(
 async def simulated_agents(urls: list[str], requests: list[ResyncRequest]) -> AsyncIterator[None]:
     """Every node's snapshot, published through the 3 servers at start and again on each
     resync request that names its partition, or every partition (what real agents do,
-    agent.control); the requests are recorded."""
+    agent.bus.resync); the requests are recorded."""
     snapshots = {name: encode(lab_snapshot(name)) for name in NODES}
     agents = [await nats.connect(url) for url in urls]
 

@@ -14,13 +14,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from aggregator.apply import ConfigStore
-from aggregator.natsserver import NatsServer
-from aggregator.reconcile import DeleteDesiredConfig, PutDesiredConfig
-from aggregator.store import open_bucket
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.store import open_bucket
+from aggregator.reconcile.apply import ConfigStore
+from aggregator.reconcile.plan import DeleteDesiredConfig, PutDesiredConfig
 from proto import subjects
 from proto.codec import decode
-from proto.messages import DesiredConfig
+from proto.messages.config import DesiredConfig
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ async def test_load_skips_undecodable_entries(
     await kv.put("gpu-bad", b"\xc1 not msgpack")
     await kv.delete(subjects.node_token("gpu-b"))
     store = ConfigStore(kv)
-    with caplog.at_level(logging.WARNING, logger="aggregator.apply"):
+    with caplog.at_level(logging.WARNING, logger="aggregator.reconcile.apply"):
         assert list(await store.load()) == ["gpu-a"]
     assert "gpu-bad" in caplog.text
     assert list(store.stored) == ["gpu-a"]

@@ -12,8 +12,8 @@ import nats
 import pytest
 from nats.js.kv import KeyValue
 
-from aggregator.natsserver import NatsServer
-from aggregator.store import StoredNode, load_nodes, open_bucket
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.store import StoredNode, load_nodes, open_bucket
 from proto import subjects
 from proto.codec import encode
 from tests.builders import snapshot
@@ -56,7 +56,7 @@ async def test_undecodable_entry_is_skipped_and_the_rest_load(
     await kv.put("gpu-bad", b"\xc1 not msgpack")
     await kv.put("gpu-wrong", encode(snapshot("gpu-wrong")))  # a snapshot, not a StoredNode
     await put(kv, "gpu-b", 1)
-    with caplog.at_level(logging.WARNING, logger="aggregator.store"):
+    with caplog.at_level(logging.WARNING, logger="aggregator.fleet.store"):
         loaded = sorted([s.snapshot.node async for s in load_nodes(kv)])
     assert loaded == ["gpu-a", "gpu-b"]
     skipped = " ".join(r.getMessage() for r in caplog.records)

@@ -12,9 +12,9 @@ import nats
 import pytest
 from nats.js.kv import KeyValue
 
+from aggregator.bus.natsserver import NatsServer
+from aggregator.fleet.store import WRITES_IN_FLIGHT, SnapshotWriter, load_nodes, open_bucket
 from aggregator.metrics import Metrics
-from aggregator.natsserver import NatsServer
-from aggregator.store import WRITES_IN_FLIGHT, SnapshotWriter, load_nodes, open_bucket
 from tests.builders import snapshot
 
 pytestmark = pytest.mark.integration

@@ -20,16 +20,16 @@ import msgspec
 import nats
 import pytest
 
+from agent.host.topology import parse_topo_matrix
 from agent.lab.faults import bump_counter, port_down
-from agent.topology import parse_topo_matrix
-from aggregator.api_ui import CONTENT_TYPES, load_files
-from aggregator.apiauth import load_token_file
-from aggregator.natsserver import NatsServer
+from aggregator.api.auth import load_token_file
+from aggregator.api.statuspage import CONTENT_TYPES, load_files
+from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import encode
 from proto.inventory import GpuNicRelation
-from proto.messages import DevicePluginStatus, ResourceStatus
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from tests.builders import device, snapshot
 from tests.conftest import FIXTURES, REPO, wait_until
 from tests.integration.cdp import CHROMIUM, Page, open_page
@@ -50,7 +50,7 @@ RESOURCE = "rdma/ib"
 # are PIX to GPU4 too, but at 100 Gb/s against mlx5_6's 400).
 BEST = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
 READ_TOKEN = "ui-read-token-0123456789abcdef"
-UI_DIR = REPO / "aggregator" / "ui"
+UI_DIR = REPO / "aggregator" / "api" / "ui"
 
 
 @asynccontextmanager

@@ -14,12 +14,17 @@ import pytest
 import requests
 from schemathesis import GenerationMode
 
-from aggregator.natsserver import NatsServer
-from aggregator.validation import ValidationRecord, ValidationSettings, abandoned, new_record
-from aggregator.validation_request import ValidationRequest
-from aggregator.validations import KV_VALIDATIONS, ValidationStore
+from aggregator.bus.natsserver import NatsServer
+from aggregator.validations.record import (
+    ValidationRecord,
+    ValidationSettings,
+    abandoned,
+    new_record,
+)
+from aggregator.validations.request import ValidationRequest
+from aggregator.validations.runner import KV_VALIDATIONS, ValidationStore
 from proto.codec import decode
-from proto.messages import ValidationResult
+from proto.messages.validation import ValidationResult
 from tests.conftest import wait_until
 from tests.integration._validation_fixtures import (
     FAST,

@@ -10,12 +10,12 @@ from pathlib import Path
 import nats
 import pytest
 
-from aggregator.natsauth import Identity, Role, render_server_config
-from aggregator.natskeys import new_user_seed, public_key
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.keys import new_user_seed, public_key
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
+from aggregator.bus.permissions import Identity, Role, render_server_config
 from proto import subjects
-from proto.natsconnect import NatsClientSecurity, connect_options
-from proto.natsflush import flush_in_order
+from proto.runtime.natsconnect import NatsClientSecurity, connect_options
+from proto.runtime.natsflush import flush_in_order
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ def probe(python: Path | str, search_path: Path | None) -> str:
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from agent.verbs import probe_verbs
+        from agent.host.verbs import probe_verbs
         path = {str(search_path) if search_path else None!r}
         print(probe_verbs(search_path=Path(path) if path else None))
         print("pyverbs from", getattr(sys.modules.get("pyverbs"), "__file__", None))

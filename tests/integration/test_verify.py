@@ -19,14 +19,14 @@ from pathlib import Path
 import nats
 import pytest
 
-from agent.handshake import Abort, decode_body
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from aggregator.natsserver import NatsServer
+from agent.verify.pair.handshake import Abort, decode_body
+from aggregator.bus.natsserver import NatsServer
 from proto.codec import decode, from_json
-from proto.messages import ValidationResult
-from proto.natsflush import flush_in_order
+from proto.messages.validation import ValidationResult
+from proto.runtime.natsflush import flush_in_order
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -234,8 +234,8 @@ def test_real_pyverbs_queue_pair_without_a_device_fails_cleanly() -> None:
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from agent.rdmatest import PyverbsQueuePair, RdmaTestError
-        from agent.verbs import load_pyverbs
+        from agent.verify.pair.queuepair import PyverbsQueuePair, RdmaTestError
+        from agent.host.verbs import load_pyverbs
         pv = load_pyverbs(Path({str(DEBIAN_DIST)!r}))
         try:
             PyverbsQueuePair(pv, device="mlx5_0", port=1, gid_index=0, size=4096)

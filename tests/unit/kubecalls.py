@@ -1,4 +1,4 @@
-"""The Kubernetes API calls aggregator/kube.py makes, read from its syntax tree: each
+"""The Kubernetes API calls aggregator/kube/client.py makes, read from its syntax tree: each
 `self._<api>.<method>(...)` (or a list method handed to `self._watch`) becomes an
 `Access` — group, resource, verb, namespace, object name — using the client's own
 request path for that method and kube.py's constants and KubeSettings defaults for the
@@ -15,8 +15,8 @@ from typing import Any
 
 from kubernetes.aio import client as k8s
 
-from aggregator import kube
-from aggregator.kube import KubeSettings
+from aggregator.kube import client as kube
+from aggregator.kube.client import KubeSettings
 
 KUBE_PY = Path(kube.__file__)
 _SUFFIXES = ("_without_preload_content", "_with_http_info")

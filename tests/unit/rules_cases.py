@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import Fleet, NodeRecord
+from aggregator.fleet.state import Fleet, NodeRecord
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.finding import Finding
-from aggregator.rules.registry import evaluate
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.inventory import (
     Device,
@@ -30,7 +30,8 @@ from proto.inventory import (
     Relation,
     Sriov,
 )
-from proto.messages import CounterBatch, DevicePluginStatus, PortCounters, ResourceStatus
+from proto.messages.counters import CounterBatch, PortCounters
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from proto.policy import Policy, load_policies
 
 T0 = 1_800_000_000.0

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.sysfs import Sysfs
+from agent.host.sysfs import Sysfs
 from tests.conftest import FIXTURES
 
 CAPTURED = FIXTURES / "captured"
@@ -40,8 +40,8 @@ def attrs(root: Path, directory: str, **values: str) -> None:
         write(root, f"{directory}/{name}", value + "\n")
 
 
-# The captured copy of the node_exporter tree (tests/data/captured) stores each symlink as a regular file
-# holding the link target (its archive format lost them). Rebuild real links in a copy,
+# The captured node_exporter tree (tests/data/captured) stores each symlink as a regular
+# file holding the link target (its archive format lost them). Rebuild real links in a copy,
 # so the tree looks like the host it came from: bus/pci/devices/* links and dangling
 # `driver`, `iommu`, `subsystem` links.
 _LINK_FILE = re.compile(rb"(?:\.\./)+[^\n]+")

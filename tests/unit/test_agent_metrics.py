@@ -1,4 +1,4 @@
-"""agent.metrics: the collector's output from a fake agent state, the exposition as
+"""agent.metrics.collector: the collector's output from a fake agent state, the exposition as
 promtool sees it, the --metrics-addr parser and the HTTP endpoint."""
 
 from __future__ import annotations
@@ -16,12 +16,18 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.exposition import generate_latest
 
+from agent.bus.publisher import PublishStats
 from agent.cli import main
-from agent.metrics import MetricsServer, agent_registry, parse_metrics_addr, read_errors_by_file
-from agent.portmetrics import PORT_COUNTERS, PortStates, counter_errors_by_group, port_states
-from agent.publisher import PublishStats
+from agent.metrics.collector import (
+    MetricsServer,
+    agent_registry,
+    parse_metrics_addr,
+    read_errors_by_file,
+)
+from agent.metrics.ports import PORT_COUNTERS, PortStates, counter_errors_by_group, port_states
 from proto.inventory import NodeSnapshot, ReadError
-from proto.messages import CounterBatch, PortCounters, ResourceStatus
+from proto.messages.counters import CounterBatch, PortCounters
+from proto.messages.status import ResourceStatus
 from tests.builders import device, snapshot
 
 

@@ -18,7 +18,7 @@ from aggregator.alerts.lifecycle import (
 )
 from aggregator.rules.finding import Finding
 from proto.codec import decode, encode
-from proto.messages import Alert
+from proto.messages.alerts import Alert
 
 
 def port_down(
@@ -233,9 +233,9 @@ async def test_engine_keeps_alerts_when_evaluation_raises() -> None:
 
     from aggregator.alerts.engine import AlertEngine, EngineSettings
     from aggregator.alerts.metrics import AlertMetrics
-    from aggregator.changes import ChangeFeed
     from aggregator.cluster import NO_CLUSTER
-    from aggregator.fleet import Fleet
+    from aggregator.fleet.changefeed import ChangeFeed
+    from aggregator.fleet.state import Fleet
 
     outcomes: list[list[Finding] | Exception] = [P, RuntimeError("rule bug"), NONE]
 
@@ -279,9 +279,9 @@ async def test_followers_serve_findings_but_only_the_leader_notifies() -> None:
 
     from aggregator.alerts.engine import AlertEngine, EngineSettings
     from aggregator.alerts.metrics import AlertMetrics
-    from aggregator.changes import ChangeFeed
     from aggregator.cluster import NO_CLUSTER
-    from aggregator.fleet import Fleet
+    from aggregator.fleet.changefeed import ChangeFeed
+    from aggregator.fleet.state import Fleet
 
     store = _MemoryStore()
 

@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from aggregator.openapi import OPERATIONS, POST_OPERATIONS, VALIDATION_OPERATIONS
+from aggregator.api.openapi import OPERATIONS, POST_OPERATIONS, VALIDATION_OPERATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "docs" / "api-reference.md"

@@ -1,4 +1,4 @@
-"""The API token file parser and the pure pieces of bearer authentication (aggregator.apiauth)."""
+"""The API token file parser and the pure pieces of bearer authentication (aggregator.api.auth)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.apiauth import (
+from aggregator.api.auth import (
     ApiAuth,
     ApiToken,
     TokenFileError,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.inventory import collect_snapshot
-from agent.sysfs import Sysfs
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from proto.inventory import Device, NodeSnapshot
 from tests.unit.sysfs_trees import BlockingSysfs, attrs, link, released, write
 

@@ -35,7 +35,8 @@ from scale_probes import summarize_profile  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.codec import decode  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
-from proto.messages import CounterBatch, LinkEvent  # noqa: E402
+from proto.messages.counters import CounterBatch  # noqa: E402
+from proto.messages.events import LinkEvent  # noqa: E402
 from proto.packedcounters import pack  # noqa: E402
 
 _TEMPLATES = build_templates(NodeShape())
@@ -75,7 +76,7 @@ def test_port_downs_never_exceed_the_node_count() -> None:
 def test_profile_summary_counts_self_and_inclusive(tmp_path: Path) -> None:
     raw = tmp_path / "profile.txt"
     raw.write_text(
-        "_run_once (asyncio/base_events.py:1922);handle (aggregator/ingest.py:55);"
+        "_run_once (asyncio/base_events.py:1922);handle (aggregator/fleet/ingest.py:55);"
         "decode (proto/codec.py:66) 3\n"
         "_run_once (asyncio/base_events.py:1922);cycle (aggregator/alerts/engine.py:170) 1\n"
         "garbage line\n"
@@ -84,8 +85,8 @@ def test_profile_summary_counts_self_and_inclusive(tmp_path: Path) -> None:
     assert summary["samples"] == 4
     assert summary["self"][0] == {"function": "decode (proto/codec.py)", "pct": 75.0}
     inclusive = {e["function"]: e["pct"] for e in summary["inclusive"]}
-    assert inclusive["handle (aggregator/ingest.py)"] == 75.0
-    assert inclusive["cycle (alerts/engine.py)"] == 25.0
+    assert inclusive["handle (aggregator/fleet/ingest.py)"] == 75.0
+    assert inclusive["cycle (aggregator/alerts/engine.py)"] == 25.0
     assert not any("asyncio/" in name for name in inclusive)
 
 

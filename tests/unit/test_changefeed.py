@@ -1,10 +1,10 @@
-"""aggregator.changes: every subscriber sees every change, coalesced; `ignore` keeps the
+"""aggregator.fleet.changefeed: every subscriber sees every change, coalesced; `ignore` keeps the
 kinds a subscriber has no use for (counters of known nodes, for the reconciler) from
 waking it."""
 
 from __future__ import annotations
 
-from aggregator.changes import ChangeFeed
+from aggregator.fleet.changefeed import ChangeFeed
 
 
 async def test_each_subscriber_gets_every_change_coalesced() -> None:

@@ -1,5 +1,5 @@
-"""Pure change detection: RDMA port polls (agent.changes) and netdev tables built from
-netlink observations (agent.linkevents) turned into link events."""
+"""Pure change detection: RDMA port polls (agent.links.portdiff) and netdev tables built from
+netlink observations (agent.links.netdevs) turned into link events."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.changes import PortStates, diff_port_states
-from agent.linkevents import (
+from agent.links.netdevs import (
     AddressObservation,
     LinkObservation,
     Netdev,
@@ -19,8 +18,9 @@ from agent.linkevents import (
     netdevs_from_dump,
     update_netdevs,
 )
+from agent.links.portdiff import PortStates, diff_port_states
 from proto.inventory import Device, Interface, NodeSnapshot
-from proto.messages import LinkEvent
+from proto.messages.events import LinkEvent
 
 NODE = "gpu-001"
 NOW = 1_700_000_000.0

@@ -36,19 +36,12 @@ from proto.inventory import (
     ReadError,
     Sriov,
 )
-from proto.messages import (
-    Alert,
-    CounterBatch,
-    DesiredConfig,
-    DevicePluginConfig,
-    DevicePluginStatus,
-    LinkEvent,
-    PortCounters,
-    ResourceConfig,
-    ResourceStatus,
-    Selectors,
-    ValidationResult,
-)
+from proto.messages.alerts import Alert
+from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.counters import CounterBatch, PortCounters
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus, ResourceStatus
+from proto.messages.validation import ValidationResult
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

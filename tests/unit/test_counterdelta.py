@@ -1,4 +1,4 @@
-"""Table tests of agent.counterdelta: what a delta carries and when a full batch goes out."""
+"""Table tests of agent.counters.deltas: what a delta carries and when a full batch goes out."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent.counterdelta import DeltaEncoder, delta_against, port_delta
-from aggregator.fleet import merge_counter_delta
+from agent.counters.deltas import DeltaEncoder, delta_against, port_delta
+from aggregator.fleet.state import merge_counter_delta
 from proto.codec import decode, encode
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 
 T0 = 1_800_000_000.0
 IDLE = PortCounters(

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.counters import CounterReader
-from agent.inventory import collect_snapshot
-from agent.sysfs import Sysfs
-from proto.messages import CounterBatch, PortCounters
+from agent.counters.reader import CounterReader
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
+from proto.messages.counters import CounterBatch, PortCounters
 from tests.unit.sysfs_trees import (
     NODE_EXPORTER_SYS,
     PROCFS_SYS,
@@ -85,7 +85,7 @@ def test_first_sample_reads_every_group_raw(reader: CounterReader) -> None:
     assert (ext.counters, ext.counters_ext) == ({}, {"port_rcv_data_64": 3, "port_xmit_data_64": 9})
     assert (ext.rx_bytes, ext.tx_bytes) == (12, 36)
     assert (ports["mlx5_1", 1].rx_bytes, ports["mlx5_1", 1].tx_bytes) == (None, 20)
-    assert (first.rates, first.saturated, first.resets) == ({}, (), ())  # agent.rates' job
+    assert (first.rates, first.saturated, first.resets) == ({}, (), ())  # agent.counters.rates' job
     assert batch.errors == ()
     assert reader.collect(node="n1", seq=8, now=13.0).interval_s == 0.5
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from aggregator.natsserver import NatsServer
+from aggregator.bus.natsserver import NatsServer
 from tests.livemetrics import exported_names, live_scrape
 from tests.promqlnames import metric_names
 

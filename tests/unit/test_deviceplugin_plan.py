@@ -23,9 +23,9 @@ from agent.deviceplugin.plan import (
     validate_ids,
 )
 from agent.deviceplugin.registration import Backoff, resolve_mode
-from agent.selectors import select_devices
+from agent.deviceplugin.selectors import select_devices
 from proto.inventory import Device, Interface
-from proto.messages import Selectors
+from proto.messages.config import Selectors
 from tests.dpfakes import node, rdma_device, resource
 
 UP = ("ACTIVE", "LinkUp")

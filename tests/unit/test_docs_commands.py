@@ -22,7 +22,7 @@ import click
 import pytest
 
 from agent.cli import main as agent_cli
-from aggregator.cli import main as aggregator_cli
+from aggregator.cli.main import main as aggregator_cli
 from aggregator.ctl.main import cli as ctl_cli
 
 ROOT = Path(__file__).resolve().parents[2]

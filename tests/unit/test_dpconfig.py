@@ -16,7 +16,7 @@ from proto.dpconfig import (
     resource_full_name,
     validate_device_plugin_config,
 )
-from proto.messages import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
 from proto.policy import PolicyError, load_policies
 
 # --- samples, reproduced as test data ---------------------------------------------------

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.changes import ChangeFeed
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
 from aggregator.rules.finding import Finding
 from tests.conftest import wait_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from aggregator.fleet import (
+from aggregator.fleet.state import (
     MAX_EVENTS,
     Fleet,
     NodeRecord,
@@ -16,7 +16,8 @@ from aggregator.fleet import (
 )
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
-from proto.messages import DevicePluginStatus, LinkEvent, ResourceStatus
+from proto.messages.events import LinkEvent
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from tests.builders import T0, counters, device, port, port_event, snapshot
 
 

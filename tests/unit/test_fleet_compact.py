@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.counterdelta import delta_against
+from agent.counters.deltas import delta_against
 from aggregator.cluster import ClusterView
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from aggregator.rules.dataquality import check_data_quality
 from aggregator.rules.thresholds import Thresholds
 from proto.codec import decode, encode
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, ReadError
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 from tests.builders import T0, device, snapshot
 
 NODE = "gpu-001"

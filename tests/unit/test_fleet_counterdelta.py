@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.counterdelta import DeltaEncoder, delta_against
-from agent.rates import with_rates
-from aggregator.fleet import Fleet, merge_counter_delta
+from agent.counters.deltas import DeltaEncoder, delta_against
+from agent.counters.rates import with_rates
+from aggregator.fleet.state import Fleet, merge_counter_delta
 from proto.codec import CodecError, decode, encode, encode_map
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 
 T0 = 1_800_000_000.0
 NODE = "gpu-001"

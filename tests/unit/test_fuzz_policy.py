@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.policies import FilePolicies
+from aggregator.reconcile.policies import FilePolicies
 from proto.dpconfig import ConfigError, parse_device_plugin_config
 from proto.policy import Policy, PolicyError, load_policies
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.counters import CounterReader
-from agent.inventory import collect_snapshot
+from agent.counters.reader import CounterReader
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
 from proto.codec import encode
 from proto.inventory import NodeSnapshot, ReadError
 

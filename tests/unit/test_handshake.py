@@ -8,7 +8,7 @@ import struct
 import msgspec
 import pytest
 
-from agent.handshake import (
+from agent.verify.pair.handshake import (
     HANDSHAKE_VERSION,
     Abort,
     Endpoint,

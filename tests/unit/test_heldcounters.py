@@ -1,4 +1,4 @@
-"""Counter batches held as received (aggregator.heldcounters): a delta is stored as its
+"""Counter batches held as received (aggregator.fleet.heldcounters): a delta is stored as its
 wire bytes and merged only when read; the ingest's `clean` verdict never hides a problem
 data-quality would list."""
 
@@ -12,23 +12,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.counterdelta import delta_against
+from agent.counters.deltas import delta_against
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
-from aggregator.heldcounters import (
+from aggregator.fleet.heldcounters import (
     CounterBase,
     HeldCounters,
     Shapes,
     ports_clean,
     values_clean,
 )
+from aggregator.fleet.state import Fleet
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.dataquality import check_data_quality
-from aggregator.rules.incremental import IncrementalRules
-from aggregator.rules.registry import COUNTER_KEYS
+from aggregator.rules.engine.incremental import IncrementalRules
+from aggregator.rules.engine.registry import COUNTER_KEYS
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
 from proto.codec import decode_counters, encode, encode_map
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 from proto.packedcounters import PackedCounterBatch
 from tests.unit.rules_cases import T0
 

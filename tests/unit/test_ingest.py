@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from aggregator.fleet import Fleet
-from aggregator.ingest import Ingest
+from aggregator.fleet.ingest import Ingest
+from aggregator.fleet.state import Fleet
 from aggregator.metrics import Metrics
 from proto import subjects
 from proto.codec import encode, encode_map

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from agent.errors import ReadErrorLog
-from agent.inventory import collect_port_states, collect_snapshot
-from agent.pci import function_of
-from agent.sysfs import Sysfs
+from agent.host.inventory import collect_port_states, collect_snapshot
+from agent.host.pci import function_of
+from agent.host.sysfs import Sysfs
 from proto.inventory import Device, Gid, Interface, ModuleInfo, NodeSnapshot, Pcie, Sriov
 from tests.unit.sysfs_trees import (
     CAPTURED,

@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.counters import CounterReader
-from agent.inventory import collect_port_states, collect_snapshot
+from agent.counters.reader import CounterReader
+from agent.host.inventory import collect_port_states, collect_snapshot
+from agent.host.sysfs import Sysfs
+from agent.host.topology import parse_topo_matrix
 from agent.lab import faults
 from agent.lab.render import render
 from agent.lab.spec import NodeSpec, Sriov, load_builtin
-from agent.sysfs import Sysfs
-from agent.topology import parse_topo_matrix
 from proto.inventory import Device, NodeSnapshot
 from tests.unit.sysfs_trees import TOPOLOGY
 

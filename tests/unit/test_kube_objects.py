@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
-from aggregator.kube_objects import (
+from aggregator.kube.objects import (
     attachment_from_object,
     error_from_status,
     node_from_object,

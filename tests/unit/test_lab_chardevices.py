@@ -1,6 +1,6 @@
 """Every built-in lab spec renders the RDMA char devices a real host has — uverbsN per RDMA
 device, umadN/issmN per port, the node-wide rdma_cm misc device — in the layout the agent's
-char-device reader (agent/devices.py) and the trace's char-devices link expect."""
+char-device reader (agent/host/devices.py) and the trace's char-devices link expect."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.devices import CHAR_DEVICE_CLASSES, RDMA_CM_CLASS, RDMA_CM_DEVICE, char_devices
 from agent.errors import ReadErrorLog
-from agent.inventory import collect_snapshot
+from agent.host.devices import CHAR_DEVICE_CLASSES, RDMA_CM_CLASS, RDMA_CM_DEVICE, char_devices
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab import hotplug
 from agent.lab.layout import plan
 from agent.lab.rdma import vf_adapters
 from agent.lab.render import render
 from agent.lab.spec import NodeSpec, builtin_specs, load_builtin
-from agent.sysfs import Sysfs
 
 MISC = "devices/virtual/misc/rdma_cm"
 

@@ -1,4 +1,4 @@
-"""aggregator.labelselect: parsing `label` selectors and matching node labels."""
+"""aggregator.api.labelselect: parsing `label` selectors and matching node labels."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from aggregator.labelselect import (
+from aggregator.api.labelselect import (
     MAX_SELECTOR_LENGTH,
     SELECTOR_PATTERN,
     Requirement,

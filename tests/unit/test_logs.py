@@ -1,5 +1,5 @@
-"""agent.logs / aggregator.logs: one JSON object per line with the context fields, text on a
-terminal, seeds masked, level and format flags on both CLIs; the two modules never drift."""
+"""proto.runtime.logs: one JSON object per line with the context fields, text on a terminal,
+seeds masked, level and format flags on both CLIs (one module serves both processes)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from types import ModuleType
 import pytest
 from click.testing import CliRunner
 
-import agent.logs
-import aggregator.logs
+import proto.runtime.logs
 from agent.cli import main as agent_main
-from aggregator.cli import main as aggregator_main
+from aggregator.cli.main import main as aggregator_main
 
 SEED = "SUAM" + "A" * 54  # the shape of an NKey user seed (not a real one)
-MODULES = [agent.logs, aggregator.logs]
+MODULES = [proto.runtime.logs]
 
 
 class Tty(io.StringIO):
@@ -98,14 +97,6 @@ def test_auto_is_text_on_a_terminal_and_json_otherwise(logs: ModuleType) -> None
     assert json.loads(pipe.getvalue())["msg"] == "to a pipe"
 
 
-def test_the_two_modules_format_alike() -> None:
-    rec = record("m %s", "a", node="n", device="d", port=2, rule="r", resource="rdma/x")
-    assert agent.logs.FIELDS == aggregator.logs.FIELDS
-    for kind in ("JsonFormatter", "TextFormatter"):
-        out = [getattr(m, kind)().format(rec) for m in MODULES]
-        assert out[0] == out[1]
-
-
 @pytest.mark.parametrize(
     ("main", "args"),
     [(agent_main, ["--log-level", "loud", "lab", "--help"]),
@@ -128,8 +119,8 @@ def test_agent_log_flags_reach_the_root_logger() -> None:
 
 def test_the_agent_tags_every_event_with_its_node() -> None:
     out = io.StringIO()
-    agent.logs.configure_logging("info", "json", out)
-    agent.logs.tag_node("node-7")
+    proto.runtime.logs.configure_logging("info", "json", out)
+    proto.runtime.logs.tag_node("node-7")
     logging.getLogger("x").info("plain")
     logging.getLogger("x").info("elsewhere", extra={"node": "other"})
     events = [json.loads(line) for line in out.getvalue().splitlines()]

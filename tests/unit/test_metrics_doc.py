@@ -8,8 +8,8 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from agent.portmetrics import PORT_COUNTERS
-from aggregator.natsserver import NatsServer, NatsServerSettings
+from agent.metrics.ports import PORT_COUNTERS
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from tests.livemetrics import Scrapes, families, live_scrape
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

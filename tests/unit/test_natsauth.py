@@ -15,8 +15,9 @@ import trustme
 from click.testing import CliRunner
 
 from agent.cli import main as agent_main
-from aggregator.cli import main as aggregator_main
-from aggregator.natsauth import (
+from aggregator.bus.keys import new_user_seed, provision, public_key
+from aggregator.bus.natsserver import find_nats_server
+from aggregator.bus.permissions import (
     Identity,
     Permissions,
     Role,
@@ -28,9 +29,8 @@ from aggregator.natsauth import (
     render_mappings_config,
     render_server_config,
 )
-from aggregator.natskeys import new_user_seed, provision, public_key
-from aggregator.natsserver import find_nats_server
-from proto.natsconnect import (
+from aggregator.cli.main import main as aggregator_main
+from proto.runtime.natsconnect import (
     NatsClientSecurity,
     NatsSecurityError,
     agent_inbox_prefix,

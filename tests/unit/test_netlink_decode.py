@@ -1,4 +1,4 @@
-"""agent.netlink.decode on kernel wire bytes: rtnetlink messages encoded by pyroute2's
+"""agent.links.netlink.decode on kernel wire bytes: rtnetlink messages encoded by pyroute2's
 own message classes, decoded back the way they arrive from the socket."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from agent.linkevents import AddressObservation, LinkObservation
-from agent.netlink import RTM_DELADDR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, decode
+from agent.links.netdevs import AddressObservation, LinkObservation
+from agent.links.netlink import RTM_DELADDR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, decode
 
 
 def wire(message: Any) -> Any:

@@ -1,9 +1,9 @@
-"""aggregator.nodesummaries: cached summaries equal `summarize` whatever changed."""
+"""aggregator.fleet.summaries: cached summaries equal `summarize` whatever changed."""
 
 from __future__ import annotations
 
-from aggregator.fleet import Fleet, summarize
-from aggregator.nodesummaries import SummaryCache
+from aggregator.fleet.state import Fleet, summarize
+from aggregator.fleet.summaries import SummaryCache
 from tests.builders import T0, counters, device, port_event, snapshot
 
 STALE = 30.0

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from aggregator.fleet import NodeRecord
-from aggregator.nvidia_import import (
+from aggregator.fleet.state import NodeRecord
+from aggregator.reconcile.nvidia import (
     RULE_INVALID,
     RULE_MATCHES_NOTHING,
     audit_nic_cluster_policy,
     selects,
 )
-from proto.messages import ResourceConfig, Selectors
+from proto.messages.config import ResourceConfig, Selectors
 from tests.builders import T0, nic, snapshot
 
 FLEET = {

@@ -14,12 +14,12 @@ from aggregator import __version__
 from aggregator.alerts.delivery import Broker
 from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
-from aggregator.api import ApiSettings, build_app
-from aggregator.api_alerts import add_alert_routes
-from aggregator.changes import ChangeFeed
+from aggregator.api.alerts import add_alert_routes
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.openapi import OPERATIONS, UndocumentedRoute, openapi_document
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import Fleet
-from aggregator.openapi import OPERATIONS, UndocumentedRoute, openapi_document
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
 from aggregator.rules.finding import Finding
 from proto.policy import Policy
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from proto.codec import CodecError, decode, decode_counters, encode, encode_map, field_path
 from proto.inventory import ReadError
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 from proto.packedcounters import (
     CleanPackedCounterBatch,
     CleanPackedPort,

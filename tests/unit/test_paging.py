@@ -1,4 +1,4 @@
-"""aggregator.paging: limits, continue tokens, windows over sorted keys, the name index."""
+"""aggregator.api.paging: limits, continue tokens, windows over sorted keys, the name index."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from aggregator.paging import (
+from aggregator.api.paging import (
     MAX_TOKEN_LENGTH,
     Key,
     NameIndex,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agent.pairresult import bytes_per_second, latency_summary, one_way_us, percentile
+from agent.verify.pair.results import bytes_per_second, latency_summary, one_way_us, percentile
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import parse, pciparse
 from agent.errors import ParseError
+from agent.host import parse, pciparse
 
 
 @pytest.mark.parametrize(

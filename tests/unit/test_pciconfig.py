@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import pciconfig
 from agent.errors import ParseError
+from agent.host import pciconfig
 
 AER, ACS, ARI, SRIOV = 0x0001, 0x000D, 0x000E, 0x0010
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.perftest import (
+from agent.verify.pair.perftest import (
     PerftestParseError,
     parse_bandwidth,
     parse_latency,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
 from proto.inventory import NodeSnapshot
 
 PCI = "bus/pci/devices"

@@ -6,16 +6,16 @@ import msgspec
 import pytest
 
 from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
-from aggregator.fleet import NodeRecord
-from aggregator.nodelabels import node_labels, worst_gpu_relation
-from aggregator.policystatus import (
+from aggregator.fleet.state import NodeRecord
+from aggregator.reconcile.nodelabels import node_labels, worst_gpu_relation
+from aggregator.reconcile.plan import EMPTY_PLAN, plan
+from aggregator.reconcile.status import (
     PolicyStatus,
     policy_status,
     status_changes,
 )
-from aggregator.reconcile import EMPTY_PLAN, plan
 from proto.inventory import GpuNicRelation, NodeSnapshot
-from proto.messages import DevicePluginStatus
+from proto.messages.status import DevicePluginStatus
 from proto.policy import Expect, Policy
 from tests.builders import T0, nic, plugin_status, rdma_policy, resource_status, snapshot
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.host.portstates import PortStateReader, collect_port_states
+from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down, port_up
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.portstates import PortStateReader, collect_port_states
-from agent.sysfs import Sysfs
 from tests.unit.sysfs_trees import BlockingSysfs, attrs, link, released, write
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agent.errors import ReadErrorLog, ReadFailed
-from agent.inventory import collect_snapshot
-from agent.pci import function_of
-from agent.sysfs import Sysfs
+from agent.host.inventory import collect_snapshot
+from agent.host.pci import function_of
+from agent.host.sysfs import Sysfs
 from proto.inventory import Device, NodeSnapshot, Port
 from tests.unit.sysfs_trees import NODE_EXPORTER_SYS, PROCFS_SYS, materialize
 

@@ -1,4 +1,4 @@
-"""Table and property tests of agent.rates: deltas, saturation, 32-bit wrap, resets."""
+"""Table and property tests of agent.counters.rates: deltas, saturation, 32-bit wrap, resets."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.rates import COUNTER_WIDTHS, counter_delta, saturation_value, with_rates
+from agent.counters.rates import COUNTER_WIDTHS, counter_delta, saturation_value, with_rates
 from proto.inventory import ReadError
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 
 T0 = 1_800_000_000.0
 U32 = 2**32

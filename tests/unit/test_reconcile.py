@@ -6,8 +6,8 @@ import msgspec
 import pytest
 
 from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
-from aggregator.fleet import NodeRecord
-from aggregator.reconcile import (
+from aggregator.fleet.state import NodeRecord
+from aggregator.reconcile.plan import (
     EMPTY_PLAN,
     Conflict,
     DeleteDesiredConfig,
@@ -16,7 +16,7 @@ from aggregator.reconcile import (
     plan,
     plan_from_stored,
 )
-from proto.messages import DesiredConfig
+from proto.messages.config import DesiredConfig
 from proto.policy import Policy, PolicySpec
 from tests.builders import T0, rdma_policy
 

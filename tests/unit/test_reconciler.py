@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from aggregator.changes import ChangeFeed
 from aggregator.cluster import ClusterNode, ClusterView
 from aggregator.errors import KubeError
-from aggregator.fleet import Fleet
-from aggregator.policies import ClusterPolicies, FilePolicies
-from aggregator.reconciler import Reconciler, ReconcileSettings
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet
+from aggregator.reconcile.loop import Reconciler, ReconcileSettings
+from aggregator.reconcile.policies import ClusterPolicies, FilePolicies
 from proto.inventory import GpuNicRelation
 from proto.policy import Policy
 from tests.builders import T0, nic, plugin_status, rdma_policy, resource_status, snapshot

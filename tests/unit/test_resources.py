@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from aggregator.cluster import ClusterNode, ClusterView
-from aggregator.fleet import NodeRecord
-from aggregator.resources import ResourceSummary, allocatable_count, summarize_resources
-from proto.messages import DevicePluginStatus
+from aggregator.fleet.state import NodeRecord
+from aggregator.trace.resources import ResourceSummary, allocatable_count, summarize_resources
+from proto.messages.status import DevicePluginStatus
 from proto.policy import Policy
 from tests.builders import T0, plugin_status, rdma_policy, resource_status, snapshot
 

@@ -8,11 +8,11 @@ import asyncio
 import msgspec
 import pytest
 
-from agent.control import ResyncControl
-from agent.resync import ResyncPolicy, ResyncSchedule
-from aggregator.resync import resync_spread
+from agent.bus.resync import ResyncControl
+from agent.bus.resyncpacing import ResyncPolicy, ResyncSchedule
+from aggregator.bus.resync import resync_spread
 from proto.codec import encode
-from proto.messages import MAX_RESYNC_SPREAD_S, ResyncRequest
+from proto.messages.control import MAX_RESYNC_SPREAD_S, ResyncRequest
 from tests.conftest import wait_until
 
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from aggregator.rules.catalog import RULE_IDS, RULES
-from aggregator.rules.registry import ALL_RULES, evaluate
+from aggregator.rules.engine.registry import ALL_RULES, evaluate
 from aggregator.rules.thresholds import (
     DEFAULT_THRESHOLDS,
     ThresholdError,

@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from agent.counterdelta import delta_against
-from aggregator.fleet import Fleet, NodeRecord
-from aggregator.heldcounters import HeldCounters
+from agent.counters.deltas import delta_against
+from aggregator.fleet.heldcounters import HeldCounters
+from aggregator.fleet.state import Fleet, NodeRecord
 from aggregator.rules.counterbase import same_counter_inputs
-from aggregator.rules.incremental import IncrementalRules
-from aggregator.rules.registry import COUNTER_KEYS, evaluate
+from aggregator.rules.engine.incremental import IncrementalRules
+from aggregator.rules.engine.registry import COUNTER_KEYS, evaluate
 from proto import codec
-from proto.messages import CounterBatch, PortCounters
+from proto.messages.counters import CounterBatch, PortCounters
 from tests.builders import port_event
 from tests.unit.rules_cases import T0, batch, port_counters
 from tests.unit.test_rules_incremental import snapshots

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from aggregator.rules.dataquality import check_data_quality
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.fleetpolicy import _gid_subnet, _parsed_gid_subnet
 from aggregator.rules.nodememo import NodeMemo
-from aggregator.rules.registry import evaluate
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
 from tests.unit.rules_cases import T0, adapter, batch, node, port_counters, roce
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proto.messages import ResourceStatus
+from proto.messages.status import ResourceStatus
 from tests.unit.rules_cases import (
     T0,
     Scenario,

@@ -14,15 +14,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from aggregator.alerts.setup import AllRules
+from aggregator.alerts.wiring import AllRules
 from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
 from aggregator.rules import fleetpolicy, links, versions
 from aggregator.rules.catalog import RULE_IDS
-from aggregator.rules.duetimes import SLACK_S, DueNodes
-from aggregator.rules.incremental import IncrementalRules
+from aggregator.rules.engine.duetimes import SLACK_S, DueNodes
+from aggregator.rules.engine.incremental import IncrementalRules
+from aggregator.rules.engine.registry import (
+    FLEET_RULES,
+    NODE_RULES,
+    PEER_RULES,
+    TIME_RULES,
+    evaluate,
+)
 from aggregator.rules.peers import Peer, PeerRule
-from aggregator.rules.registry import FLEET_RULES, NODE_RULES, PEER_RULES, TIME_RULES, evaluate
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from proto.inventory import Device, GpuNicRelation, Interface, NodeSnapshot, Platform
 from proto.policy import Policy

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.inventory import collect_snapshot
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab import faults
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.finding import Finding
-from aggregator.rules.registry import evaluate
 from proto.inventory import NodeSnapshot
 
 T0 = 1_800_000_000.0

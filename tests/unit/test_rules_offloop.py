@@ -9,11 +9,11 @@ import asyncio
 import msgspec
 import pytest
 
-from aggregator.alerts.setup import MAX_ON_LOOP, AllRules
+from aggregator.alerts.wiring import MAX_ON_LOOP, AllRules
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
-from aggregator.rules.incremental import Abandoned, IncrementalRules
-from aggregator.rules.registry import evaluate
+from aggregator.fleet.state import Fleet
+from aggregator.rules.engine.incremental import Abandoned, IncrementalRules
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
 from proto.inventory import Device
 from tests.conftest import wait_until
@@ -121,7 +121,7 @@ async def test_a_stopping_engine_abandons_its_full_evaluation_and_keeps_serving(
     from aggregator.alerts.delivery import Broker
     from aggregator.alerts.engine import AlertEngine, EngineSettings
     from aggregator.alerts.metrics import AlertMetrics
-    from aggregator.changes import ChangeFeed
+    from aggregator.fleet.changefeed import ChangeFeed
 
     fleet = _fleet()
     rules = AllRules()

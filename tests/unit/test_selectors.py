@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.inventory import collect_snapshot
+from agent.deviceplugin.selectors import Selection, select_devices, selected_ports
+from agent.host.inventory import collect_snapshot
+from agent.host.sysfs import Sysfs
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.selectors import Selection, select_devices, selected_ports
-from agent.sysfs import Sysfs
 from proto.dpconfig import parse_device_plugin_config
 from proto.inventory import Device, Interface, NodeSnapshot
-from proto.messages import ResourceConfig, Selectors
+from proto.messages.config import ResourceConfig, Selectors
 from tests.builders import T0, nic, port
 
 RDMA_CM = "/dev/infiniband/rdma_cm"

@@ -15,37 +15,39 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from prometheus_client import CollectorRegistry
 
-from agent.control import ResyncControl
-from agent.resync import ResyncPolicy
+from agent.bus.resync import ResyncControl
+from agent.bus.resyncpacing import ResyncPolicy
 from aggregator import __version__
 from aggregator.alerts.engine import EngineSettings
 from aggregator.alerts.lifecycle import FLEET_NODE, Tracked, fingerprint
-from aggregator.alerts.setup import AlertWiring
-from aggregator.api import ApiSettings, build_app
-from aggregator.changes import ChangeFeed
+from aggregator.alerts.wiring import AlertWiring
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.api.openapi import OPERATIONS, SHARD_PATH, openapi_document
+from aggregator.api.shards import SERVED_BY, add_shard_routes, node_of
+from aggregator.bus.natsserver import NatsServer
+from aggregator.bus.resync import ResyncRequester, ResyncSettings
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet import Fleet, node_state
-from aggregator.natsserver import NatsServer
-from aggregator.openapi import OPERATIONS, SHARD_PATH, openapi_document
-from aggregator.resync import ResyncRequester, ResyncSettings
-from aggregator.rules.finding import Finding
-from aggregator.service import AggregatorService, AggregatorSettings
-from aggregator.shardalerts import (
+from aggregator.fleet.changefeed import ChangeFeed
+from aggregator.fleet.state import Fleet, node_state
+from aggregator.fleet.store import StoredNode, open_bucket
+from aggregator.replicas.alerts import (
     AlertScope,
     ScopedAlertStore,
     open_sharded_alert_engine,
     read_states,
 )
-from aggregator.shardfleet import WholeFleet
-from aggregator.shardowner import ShardOwner
-from aggregator.shardroutes import SERVED_BY, add_shard_routes, node_of
-from aggregator.shards import ShardSettings
-from aggregator.store import StoredNode, open_bucket
+from aggregator.replicas.owner import ShardOwner
+from aggregator.replicas.partitions import ShardSettings
+from aggregator.replicas.wholefleet import WholeFleet
+from aggregator.rules.finding import Finding
+from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import decode, encode
-from proto.messages import MAX_STALE_NAMES, Alert, ResyncRequest, ShardSummary
-from proto.natsflush import flush_in_order
+from proto.messages.alerts import Alert
+from proto.messages.control import ResyncRequest
+from proto.messages.shards import MAX_STALE_NAMES, ShardSummary
 from proto.policy import Policy
+from proto.runtime.natsflush import flush_in_order
 from tests.builders import T0, plugin_status, snapshot
 from tests.conftest import wait_until
 

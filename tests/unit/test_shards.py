@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from aggregator.cluster import NO_CLUSTER
-from aggregator.fleet import Fleet
+from aggregator.fleet.state import Fleet
+from aggregator.replicas.owner import node_subject_of, replica_id
+from aggregator.replicas.partitions import ShardSettings, live_replicas, owner, partition_of, plan
+from aggregator.replicas.summaries import ShardRules, hashable, merge_remote
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.finding import Finding
-from aggregator.rules.registry import evaluate
-from aggregator.shardowner import node_subject_of, replica_id
-from aggregator.shards import ShardSettings, live_replicas, owner, partition_of, plan
-from aggregator.shardsummary import ShardRules, hashable, merge_remote
 from proto import subjects
 from proto.codec import decode, encode
-from proto.messages import ShardSummary, ShardVote
+from proto.messages.shards import ShardSummary, ShardVote
 from proto.policy import Policy
 from tests.unit.rules_cases import T0, adapter, batch, node, policy_doc, port_counters
 from tests.unit.test_rules_incremental import POLICIES, snapshots

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import CollectionTimeout, ParseError, ReadErrorLog, ReadFailed, SysfsRootError
-from agent.sysfs import ABSENT, MAX_ATTRIBUTE_BYTES, Sysfs, errno_name, read_value
+from agent.host.sysfs import ABSENT, MAX_ATTRIBUTE_BYTES, Sysfs, errno_name, read_value
 from proto.inventory import ReadError
 from tests.unit.sysfs_trees import BlockingSysfs, released
 from tests.unit.sysfs_trees import link as _link

@@ -1,4 +1,4 @@
-"""aggregator.tokenreview: the pure identity → scope mapping, the TokenReview answer parser,
+"""aggregator.api.tokenreview: the pure identity → scope mapping, the TokenReview answer parser,
 the TTL cache (injected clock) and single-flight, with a fake `review` function."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.errors import KubeError, KubeUnavailableError
-from aggregator.tokenreview import (
+from aggregator.api.tokenreview import (
     Allowed,
     Refused,
     ReviewCache,
@@ -21,6 +20,7 @@ from aggregator.tokenreview import (
     result_from_review,
     token_key,
 )
+from aggregator.errors import KubeError, KubeUnavailableError
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.payload-0123456789.signature"
 DEFAULTS = ReviewSettings()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.host.topology import Relation, classify_relation, parse_nic_legend, parse_topo_matrix
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
 from tests.conftest import FIXTURES
-from agent.topology import Relation, classify_relation, parse_nic_legend, parse_topo_matrix
 
 TOPOLOGY = FIXTURES / "topology"
 H100_MATRIX = TOPOLOGY / "nvidia_smi_topo_h100_12nic_2numa.txt"

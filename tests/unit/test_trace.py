@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
-from aggregator.fleet import NodeRecord
-from aggregator.trace import LINK_NAMES, Trace, UnknownNode, UnknownResource, trace
-from aggregator.validation import ValidationRecord
+from aggregator.fleet.state import NodeRecord
+from aggregator.trace.chain import LINK_NAMES, Trace, UnknownNode, UnknownResource, trace
+from aggregator.validations.record import ValidationRecord
 from proto.inventory import Device, ModuleInfo, NodeSnapshot
-from proto.messages import DevicePluginStatus, ResourceStatus
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from proto.policy import Policy
 from tests.builders import (
     T0,
@@ -37,7 +37,7 @@ def adapter(name: str, index: int, **kwargs: Any) -> Device:
 
 ADAPTERS = (adapter("mlx5_0", 0), adapter("mlx5_1", 1))
 SERVED = plugin_status(NODE, resource_status(RES, devices=("mlx5_0", "mlx5_1")))
-# A passed pair validation (aggregator.validation): the chain's tested-data-path link.
+# A passed pair validation (aggregator.validations.record): the chain's tested-data-path link.
 VALIDATED = ValidationRecord(
     id="abc123", nodes=(NODE, "gpu-002"), resource=RES, namespace="nicfleet-system",
     phase="done", passed=True, created_at=T0 - 60, updated_at=T0, phase_since=T0,

@@ -11,12 +11,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from aggregator.cli import main as aggregator_cli
+from aggregator.cli.main import main as aggregator_cli
+from aggregator.cli.validationflags import ValidationFlags, with_validation_flags
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment
-from aggregator.fleet import NodeRecord
-from aggregator.kube import KubeSettings
+from aggregator.fleet.state import NodeRecord
+from aggregator.kube.client import KubeSettings
 from aggregator.service import AggregatorSettings
-from aggregator.validation import (
+from aggregator.validations.record import (
     RECENT_S,
     Decision,
     PodView,
@@ -30,7 +31,7 @@ from aggregator.validation import (
     decide,
     new_record,
 )
-from aggregator.validation_request import (
+from aggregator.validations.request import (
     InvalidRequest,
     ResourceNotAdvertised,
     UnknownValidationNode,
@@ -38,9 +39,8 @@ from aggregator.validation_request import (
     check_request,
     parse_request,
 )
-from aggregator.validationflags import ValidationFlags, with_validation_flags
-from aggregator.validations import TEMPLATE
-from proto.messages import LatencySummary, PairTestResult, Reason, ValidationResult
+from aggregator.validations.runner import TEMPLATE
+from proto.messages.validation import LatencySummary, PairTestResult, Reason, ValidationResult
 from tests.builders import T0, plugin_status, resource_status
 
 RES = "rdma/ib"

@@ -11,7 +11,7 @@ import pytest
 from proto import subjects
 from proto.codec import CodecError, decode, encode, from_json, to_json
 from proto.inventory import Gid, ReadError
-from proto.messages import (
+from proto.messages.validation import (
     CharDeviceEvidence,
     DeviceEvidence,
     Evidence,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.evidence import read_char_devices, read_rdma_devices
+from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
-from agent.sysfs import Sysfs
-from agent.verdict import (
+from agent.verify.evidence import read_char_devices, read_rdma_devices
+from agent.verify.verdict import (
     choose_port,
     gid_ip,
     injected_evidence,
@@ -23,7 +23,7 @@ from agent.verdict import (
     parse_env_list,
 )
 from proto.inventory import Gid
-from proto.messages import (
+from proto.messages.validation import (
     DeviceEvidence,
     Evidence,
     InterfaceEvidence,

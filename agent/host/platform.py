@@ -1,0 +1,130 @@
+"""Host facts around the adapters: kernel modules, GPUDirect peer memory, IOMMU, ACS.
+
+Reads /sys/module, /sys/kernel/mm/memory_peers, /sys/class/iommu and the PCI config
+space of the bridges between GPUs and NICs (decoded by the pure agent.host.pciconfig).
+Failures go to the host-level error log; nothing here knows RDMA ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from agent.errors import ParseError, ReadErrorLog, ReadFailed
+from agent.host import pciconfig, topology
+from agent.host.parse import parse_string
+from agent.host.pci import PciFunction
+from agent.host.sysfs import ABSENT, Sysfs, read_value
+from proto.inventory import ModuleInfo, Platform
+
+# The RDMA stack (core, verbs, umad, CM, mlx5) and the GPU side of GPUDirect RDMA.
+MODULES: Final = (
+    "mlx5_core",
+    "mlx5_ib",
+    "ib_core",
+    "ib_uverbs",
+    "ib_umad",
+    "rdma_ucm",
+    "nvidia",
+    "nvidia_peermem",
+    "nv_peer_mem",
+)
+# nvidia_peermem ships with the NVIDIA driver (470+); nv_peer_mem is the legacy
+# Mellanox module, which registers with MLNX_OFED's peer-memory API as nv_mem (nv_mem_nc
+# for its non-contiguous variant): a directory under kernel/mm/memory_peers each.
+PEERMEM_MODULES: Final = ("nvidia_peermem", "nv_peer_mem")
+MEMORY_PEERS: Final = ("kernel/mm/memory_peers/nv_mem", "kernel/mm/memory_peers/nv_mem_nc")
+
+
+def read_modules(sysfs: Sysfs, errors: ReadErrorLog) -> dict[str, ModuleInfo]:
+    """The modules of `MODULES` that are loaded (present under module/).
+
+    An in-tree module has no `version` (MODULE_VERSION) and often no `srcversion`: null,
+    and normal, so not recorded. A module that is not loaded is not listed.
+    """
+    modules: dict[str, ModuleInfo] = {}
+    for name in MODULES:
+        try:
+            d = sysfs.dir(f"module/{name}")
+        except ReadFailed as failure:
+            if failure.error != "ENOENT":
+                errors.add(failure)
+            continue
+        modules[name] = ModuleInfo(
+            version=read_value(d, "version", parse_string, errors, quiet=ABSENT),
+            srcversion=read_value(d, "srcversion", parse_string, errors, quiet=ABSENT),
+        )
+    return modules
+
+
+def has_peermem(sysfs: Sysfs, modules: dict[str, ModuleInfo]) -> bool:
+    """A GPU peer-memory client is loaded: what GPUDirect RDMA needs on the host side."""
+    if any(name in modules for name in PEERMEM_MODULES):
+        return True
+    return any(sysfs.exists(f"{peer}/version") for peer in MEMORY_PEERS)
+
+
+def read_iommu(sysfs: Sysfs, errors: ReadErrorLog) -> bool | None:
+    """Whether an IOMMU is registered: /sys/class/iommu has an entry (dmar0, ivhd0, ...).
+
+    The class exists only in kernels built with IOMMU support; without it, no IOMMU.
+    None (and a recorded error) when the class cannot be read.
+    """
+    try:
+        return bool(sysfs.list_dir("class/iommu"))
+    except ReadFailed as failure:
+        if failure.error == "ENOENT":
+            return False
+        errors.add(failure)
+        return None
+
+
+def acs_enabled_bridges(
+    gpus: Sequence[PciFunction], nics: Sequence[PciFunction], errors: ReadErrorLog
+) -> tuple[str, ...]:
+    """Bridges on a GPU<->NIC peer-to-peer path whose ACS control redirects or validates
+    that traffic (SV, RR or CR set), which sends GPUDirect RDMA up to the root complex.
+
+    Each bridge's config space is read once. Unreadable or truncated config is recorded
+    and the bridge is not listed; a header-only read (the agent lacks CAP_SYS_ADMIN) is
+    recorded as exactly that, so "no ACS seen" is never mistaken for "no ACS".
+    """
+    bridges: dict[str, PciFunction] = {}
+    for gpu in gpus:
+        for nic in nics:
+            for address in topology.path_bridges(gpu.path, nic.path):
+                bridges.setdefault(address, gpu if address in gpu.chain else nic)
+    enabled: list[str] = []
+    for address, below in sorted(bridges.items()):
+        d = below.bridge_dir(address)
+        if d is None:
+            continue
+        try:
+            config = d.read_bytes("config", pciconfig.EXT_CONFIG_SPACE_SIZE)
+            control = pciconfig.parse_acs_control(config)
+        except ReadFailed as failure:
+            errors.add(failure)
+            continue
+        except pciconfig.HeaderOnly as exc:
+            errors.record(f"{d.path}/config", exc.reason)
+            continue
+        except ParseError as exc:
+            errors.record(f"{d.path}/config", f"unparsable: {exc.reason}")
+            continue
+        if control is not None and pciconfig.acs_redirects(control):
+            enabled.append(address)
+    return tuple(enabled)
+
+
+def read_platform(
+    sysfs: Sysfs,
+    modules: dict[str, ModuleInfo],
+    gpus: Sequence[PciFunction],
+    nics: Sequence[PciFunction],
+    errors: ReadErrorLog,
+) -> Platform:
+    return Platform(
+        iommu=read_iommu(sysfs, errors),
+        peermem=has_peermem(sysfs, modules),
+        acs_enabled_bridges=acs_enabled_bridges(gpus, nics, errors),
+    )

@@ -1,0 +1,6 @@
+"""`nicfleet-agent verify`: in-pod evidence (`evidence`), its verdict (`verdict`), one run
+(`run`), the report (`report`), the published validation result (`publish`), the command
+(`cli`) and the pair test (`pair`).
+
+May import: `agent.host`, `agent.counters`, `agent.errors`, `proto`.
+"""

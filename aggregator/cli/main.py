@@ -1,0 +1,315 @@
+"""`nicfleet-aggregator`: the command line of the central service.
+
+Turns arguments into `AggregatorSettings`, installs signal handlers and runs the
+service; bad arguments are one clear message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from aggregator import __version__
+from aggregator.alerts.alertmanager import AlertmanagerSettings
+from aggregator.alerts.wiring import AlertWiring
+from aggregator.api.auth import ApiAuth, TokenFileError, load_token_file
+from aggregator.api.tokenreview import ReviewSettings
+from aggregator.bus.keys import nats_auth
+from aggregator.cli.reviewflags import token_review_options
+from aggregator.cli.validationflags import (
+    ValidationFlags,
+    validation_options,
+    with_validation_flags,
+)
+from aggregator.errors import AggregatorError
+from aggregator.kube.client import KubeSettings
+from aggregator.replicas.partitions import ShardSettings
+from aggregator.service import AggregatorService, AggregatorSettings
+from proto.policy import Policy, PolicyError, load_policies
+from proto.runtime.logs import FORMATS, LEVELS, LogFormat, configure_logging
+from proto.runtime.natsconnect import NatsClientSecurity
+from proto.runtime.natsflags import nats_security_options
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPv6]:PORT` → (host, port); port 0 lets the OS choose."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+class _Listen(click.ParamType):  # type: ignore[type-arg]
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_listen(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _check_alertmanager_url(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not an http:// or https:// URL", ctx, param)
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nicfleet-aggregator")
+def main() -> None:
+    """nicfleet aggregator: the fleet view of every node's RDMA path, served over HTTP."""
+
+
+@main.command()
+@click.option("--nats-url", help="NATS server URL. Default: start an embedded nats-server.")
+@nats_security_options
+@click.option(
+    "--nats-server-config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Config file of the embedded nats-server, e.g. the server-auth.conf written by "
+    "`nicfleet-aggregator nats-auth` (users, permissions, TLS).",
+)
+@click.option(
+    "--listen",
+    type=_Listen(),
+    default="127.0.0.1:8080",
+    show_default=True,
+    help="Address of the HTTP API (port 0: any free port).",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Policy YAML file (used when there is no cluster).",
+)
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(min=1.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds without messages after which a node is stale.",
+)
+@click.option(
+    "--nats-store-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="JetStream store of the embedded nats-server. Default: a temporary dir.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write {api_url, nats_url, pid} as JSON here once ready.",
+)
+@click.option(
+    "--alertmanager-url",
+    callback=_check_alertmanager_url,
+    help="Post alerts to this Alertmanager (v2 API), e.g. http://alertmanager:9093.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Use the Kubernetes cluster of this kubeconfig: NicFleetPolicy objects instead "
+    "of --policy, node allocatable, status/Events/labels written back.",
+)
+@click.option("--kube-context", help="Context of --kubeconfig (default: its current one).")
+@click.option("--in-cluster", is_flag=True, help="Use the pod's service account.")
+@click.option(
+    "--kube-api",
+    metavar="URL",
+    help="Talk to this API server URL without credentials (kubectl proxy, tests).",
+)
+@click.option(
+    "--identity",
+    help="This replica's name in leader election. Default: <hostname>-<pid>.",
+)
+@click.option(
+    "--kv-replicas",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="Copies of every KV bucket in a JetStream cluster (3 for a 3-server cluster, so a "
+    "bucket survives a server); an existing bucket with fewer is raised.",
+)
+@validation_options
+@click.option(
+    "--partitions",
+    type=click.IntRange(0, 1024),
+    default=0,
+    show_default=True,
+    help="Run as one replica of a sharded aggregator: node subjects are split in N "
+    "partitions by nats-server (`nats-auth --partitions N`, docs/scaling.md). 0: one process.",
+)
+@click.option(
+    "--api-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Require 'Authorization: Bearer <token>' on the API (all but /healthz, /readyz). "
+    "One '<scope> <token>' per line, scope read (GET) or admin (any method); # comments. "
+    "Default: no authentication (local/demo use only).",
+)
+@click.option(
+    "--metrics-public",
+    is_flag=True,
+    help="With --api-token-file/--api-token-review: leave /metrics open to scrapers.",
+)
+@token_review_options
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    envvar="NICFLEET_LOG_LEVEL",
+    help="Log level (overrides -v). Default: info.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(FORMATS),
+    default="auto",
+    show_default=True,
+    envvar="NICFLEET_LOG_FORMAT",
+    help="json: one JSON object per line; text; auto: text on a terminal, else JSON.",
+)
+def run(
+    nats_url: str | None,
+    nats_security: NatsClientSecurity,
+    nats_server_config: Path | None,
+    listen: tuple[str, int],
+    policy_file: Path | None,
+    stale_after: float,
+    nats_store_dir: Path | None,
+    ready_file: Path | None,
+    alertmanager_url: str | None,
+    kubeconfig: Path | None,
+    kube_context: str | None,
+    in_cluster: bool,
+    kube_api: str | None,
+    identity: str | None,
+    kv_replicas: int,
+    validation_flags: ValidationFlags,
+    partitions: int,
+    api_token_file: Path | None,
+    metrics_public: bool,
+    api_token_review: ReviewSettings | None,
+    verbose: int,
+    log_level: str | None,
+    log_format: LogFormat,
+) -> None:
+    """Consume node messages from NATS, keep the fleet view and serve the API."""
+    configure_logging(log_level or ["info", "info", "debug"][min(verbose, 2)], log_format)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    policies: tuple[Policy, ...] = ()
+    if policy_file is not None:
+        try:
+            policies = load_policies(policy_file.read_text(), source=str(policy_file))
+        except (PolicyError, OSError, UnicodeDecodeError) as exc:
+            click.echo(f"error: --policy: {exc}", err=True)
+            raise SystemExit(2) from exc
+    if nats_server_config is not None and nats_url is not None:
+        click.echo("error: --nats-server-config: only for the embedded server (no --nats-url)",
+                   err=True)  # fmt: skip
+        raise SystemExit(2)
+    ways = [w for w in (kubeconfig is not None, in_cluster, kube_api is not None) if w]
+    if len(ways) > 1:
+        click.echo("error: use only one of --kubeconfig, --in-cluster and --kube-api", err=True)
+        raise SystemExit(2)
+    if kube_context is not None and kubeconfig is None:
+        click.echo("error: --kube-context: needs --kubeconfig", err=True)
+        raise SystemExit(2)
+    api_auth: ApiAuth | None = None
+    if api_token_file is not None:
+        try:
+            api_auth = load_token_file(api_token_file, metrics_public=metrics_public)
+        except TokenFileError as exc:
+            click.echo(f"error: --api-token-file: {exc}", err=True)
+            raise SystemExit(2) from exc
+        counts = api_auth.counts()
+        logging.getLogger(__name__).info(
+            "API authentication on: %d read and %d admin tokens from %s; /metrics %s",
+            counts["read"], counts["admin"], api_token_file,
+            "public" if metrics_public else "needs a token",
+        )  # fmt: skip
+    elif api_token_review is None:
+        logging.getLogger(__name__).warning("API authentication off: the HTTP API is open")
+    if api_token_review is not None:
+        if not ways:
+            click.echo("error: --api-token-review: needs --in-cluster, --kubeconfig or "
+                       "--kube-api", err=True)  # fmt: skip
+            raise SystemExit(2)
+        api_auth = api_auth or ApiAuth(tokens=(), metrics_public=metrics_public)
+        logging.getLogger(__name__).info(
+            "API authentication on: TokenReview; read: %s, admin: %s",
+            ", ".join(api_token_review.read_groups + api_token_review.read_users),
+            ", ".join(api_token_review.admin_groups + api_token_review.admin_users),
+        )
+    if ways and policy_file is not None:
+        click.echo(
+            "error: --policy: with a cluster, policies come from NicFleetPolicy objects", err=True
+        )
+        raise SystemExit(2)
+    kube = (
+        KubeSettings(
+            host=kube_api, kubeconfig=kubeconfig, context=kube_context, in_cluster=in_cluster
+        )
+        if ways
+        else None
+    )
+    settings = AggregatorSettings(
+        kube=kube,
+        nats_url=nats_url,
+        nats_security=nats_security,
+        nats_server_config=nats_server_config,
+        listen_host=listen[0],
+        listen_port=listen[1],
+        stale_after=stale_after,
+        nats_store_dir=nats_store_dir,
+        ready_file=ready_file,
+        policies=policies,
+        policy_file=policy_file,
+        api_auth=api_auth,
+        api_token_review=api_token_review,
+        shards=ShardSettings(partitions=partitions, replicas=kv_replicas),
+        kv_replicas=kv_replicas,
+        alerts=AlertWiring(
+            alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
+        ),
+    )
+    if identity:
+        settings = dataclasses.replace(settings, identity=identity)
+    settings = with_validation_flags(settings, validation_flags)
+    try:
+        asyncio.run(_serve(settings))
+    except AggregatorError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+    except OSError as exc:  # e.g. the listen address is taken
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+
+
+main.add_command(nats_auth)
+
+
+async def _serve(settings: AggregatorSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await AggregatorService(settings).run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(sig)

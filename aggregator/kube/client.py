@@ -1,0 +1,456 @@
+"""Every Kubernetes API call the aggregator makes, via the official client's asyncio flavour
+(`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
+connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
+Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of
+API bearer tokens, and turning client errors into KubeErrors.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
+
+import aiohttp
+
+from aggregator.api.tokenreview import TokenReviewResult, result_from_review
+from aggregator.cluster import NetworkAttachment, PodRequest
+from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
+from aggregator.kube.objects import (
+    LABEL_PREFIX,
+    LeaseRecord,
+    Listing,
+    WatchEvent,
+    attachment_from_object,
+    error_from_status,
+    listing_from,
+    pod_request_from_object,
+)
+
+if TYPE_CHECKING:  # imported when connecting: `kubernetes` costs ~0.4 s at every start
+    from kubernetes.aio import client as k8s
+
+GROUP: Final = "nicfleet.io"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "nicfleetpolicies"
+NAD = ("k8s.cni.cncf.io", "v1", "network-attachment-definitions")
+NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
+MERGE_PATCH: Final = "application/merge-patch+json"
+COMPONENT: Final = "nicfleet-aggregator"
+_REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,127}")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubeSettings:
+    """How to reach the API server; exactly one of host/kubeconfig/in_cluster is used."""
+
+    host: str | None = None  # explicit URL (tests, `kubectl proxy`), no credentials
+    kubeconfig: Path | None = None
+    context: str | None = None
+    in_cluster: bool = False
+    event_namespace: str = "default"  # Events about cluster-scoped objects (Node, policy)
+    lease_namespace: str = "nicfleet-system"
+    request_timeout_s: float = 10.0
+    watch_timeout_s: int = 300  # server-side end of one watch; then list again
+    resource_prefixes: tuple[str, ...] = ("rdma/",)  # which pod requests matter
+    validation_namespace: str = "nicfleet-system"  # pair-validation pods (docs/validation.md)
+
+
+class KubeClient:
+    """One API connection. Build with `await KubeClient.connect(settings)`, then `close()`."""
+
+    def __init__(self, api: k8s.ApiClient, settings: KubeSettings) -> None:
+        from kubernetes.aio import client as k8s
+
+        self._api: Any = api
+        self._settings = settings
+        self._core = k8s.CoreV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
+        self._leases = k8s.CoordinationV1Api(api)
+        self._authn = k8s.AuthenticationV1Api(api)
+
+    @classmethod
+    async def connect(cls, settings: KubeSettings) -> KubeClient:
+        from kubernetes.aio import client as k8s
+        from kubernetes.aio import config
+
+        k8s_config: Any = config  # no annotations in this part of the client
+        configuration = k8s.Configuration()
+        try:
+            if settings.host is not None:
+                configuration.host = settings.host.rstrip("/")
+            elif settings.in_cluster:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                await k8s_config.load_kube_config(
+                    config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                    context=settings.context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
+        except (k8s_config.ConfigException, OSError, ValueError) as exc:
+            raise KubeError(f"cannot load Kubernetes configuration: {exc}") from exc
+        return cls(k8s.ApiClient(configuration), settings)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- NicFleetPolicy -----------------------------------------------------------------
+
+    async def list_policies(self) -> Listing:
+        raw = await self._json(
+            "list NicFleetPolicies",
+            self._custom.list_cluster_custom_object_without_preload_content(
+                GROUP, VERSION, PLURAL, **self._timeout()
+            ),
+        )
+        return listing_from(raw)
+
+    def watch_policies(self, resource_version: str | None) -> AsyncIterator[WatchEvent]:
+        return self._watch(
+            "watch NicFleetPolicies",
+            self._custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            resource_version=resource_version,
+        )
+
+    async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch `status` (the status subresource) of NicFleetPolicy `name`.
+
+        `status` is the CRD's status shape: observedGeneration, conditions[], nodes{}.
+        A merge patch replaces lists whole, so pass every condition each time."""
+        await self._json(
+            f"patch status of NicFleetPolicy {name}",
+            self._custom.patch_cluster_custom_object_status_without_preload_content(
+                GROUP,
+                VERSION,
+                PLURAL,
+                name,
+                {"status": dict(status)},
+                _content_type=MERGE_PATCH,
+                **self._timeout(),
+            ),
+        )
+
+    # --- Nodes, Pods, NetworkAttachmentDefinitions ---------------------------------------
+
+    async def list_nodes(self) -> Listing:
+        raw = await self._json(
+            "list nodes", self._core.list_node_without_preload_content(**self._timeout())
+        )
+        return listing_from(raw)
+
+    def watch_nodes(self, resource_version: str | None) -> AsyncIterator[WatchEvent]:
+        return self._watch("watch nodes", self._core.list_node, resource_version=resource_version)
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Set (str) or remove (None) `nicfleet.io/*` labels of node `name`; other keys
+        are refused (ValueError) so nicfleet never touches labels it does not own."""
+        for key, value in labels.items():
+            if not key.startswith(LABEL_PREFIX) or len(key) > len(LABEL_PREFIX) + 63:
+                raise ValueError(f"label {key!r}: only {LABEL_PREFIX}* labels may be written")
+            if value is not None and not _LABEL_VALUE.fullmatch(value):
+                raise ValueError(f"label {key!r}: {value!r} is not a valid label value")
+        await self._json(
+            f"patch labels of node {name}",
+            self._core.patch_node_without_preload_content(
+                name,
+                {"metadata": {"labels": dict(labels)}},
+                _content_type=MERGE_PATCH,
+                **self._timeout(),
+            ),
+        )
+
+    async def list_pod_requests(self) -> tuple[PodRequest, ...]:
+        """Pods (all namespaces) requesting a resource under `resource_prefixes`."""
+        raw = await self._json(
+            "list pods",
+            self._core.list_pod_for_all_namespaces_without_preload_content(**self._timeout()),
+        )
+        items = listing_from(raw).items
+        prefixes = self._settings.resource_prefixes
+        found = (pod_request_from_object(item, prefixes) for item in items)
+        return tuple(pod for pod in found if pod is not None)
+
+    async def list_network_attachments(self) -> tuple[NetworkAttachment, ...]:
+        """Every NetworkAttachmentDefinition; () when Multus' CRD is not installed."""
+        try:
+            raw = await self._json(
+                "list NetworkAttachmentDefinitions",
+                self._custom.list_cluster_custom_object_without_preload_content(
+                    *NAD, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return ()
+        found = (attachment_from_object(item) for item in listing_from(raw).items)
+        return tuple(nad for nad in found if nad is not None)
+
+    async def read_nic_cluster_policy(self) -> dict[str, Any] | None:
+        """NVIDIA's `NicClusterPolicy/nic-cluster-policy`, read only; None when absent."""
+        group, version, plural, name = NIC_CLUSTER_POLICY
+        try:
+            raw = await self._json(
+                "read NicClusterPolicy",
+                self._custom.get_cluster_custom_object_without_preload_content(
+                    group, version, plural, name, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    # --- Pair-validation Pods (aggregator.validations.runner) ------------------------------------
+
+    async def create_pod(self, body: Mapping[str, Any]) -> None:
+        """Create a Pod in `validation_namespace`; only pair-validation pods are made."""
+        namespace = self._settings.validation_namespace
+        name = (body.get("metadata") or {}).get("name", "?")
+        await self._json(
+            f"create Pod {namespace}/{name}",
+            self._core.create_namespaced_pod_without_preload_content(
+                namespace, _model("V1Pod", dict(body)), **self._timeout()
+            ),
+        )
+
+    async def read_pod(self, name: str) -> dict[str, Any] | None:
+        """Pod `name` of `validation_namespace` as a plain object; None when it is gone."""
+        namespace = self._settings.validation_namespace
+        try:
+            raw = await self._json(
+                f"read Pod {namespace}/{name}",
+                self._core.read_namespaced_pod_without_preload_content(
+                    name, namespace, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    async def delete_pod(self, name: str) -> bool:
+        """Delete Pod `name` of `validation_namespace`; False when it was already gone."""
+        namespace = self._settings.validation_namespace
+        try:
+            await self._json(
+                f"delete Pod {namespace}/{name}",
+                self._core.delete_namespaced_pod_without_preload_content(
+                    name, namespace, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return False
+        return True
+
+    # --- Events ------------------------------------------------------------------------
+
+    async def create_event(
+        self,
+        *,
+        kind: Literal["Node", "NicFleetPolicy"],
+        name: str,
+        reason: str,
+        message: str,
+        type: EventType = "Normal",
+        uid: str | None = None,
+        instance: str = "",
+    ) -> None:
+        """A core/v1 Event about a Node or a NicFleetPolicy (`kubectl describe` shows it).
+
+        `reason` is an UpperCamelCase code (e.g. "ResourceNotAdvertised") that tools
+        filter on; `message` is one sentence for humans."""
+        if not _REASON.fullmatch(reason):
+            raise ValueError(f"event reason {reason!r}: UpperCamelCase, at most 128 characters")
+        now = dt.datetime.now(dt.UTC)
+        api_version = "v1" if kind == "Node" else f"{GROUP}/{VERSION}"
+        namespace = self._settings.event_namespace
+        body = _model(
+            "CoreV1Event",
+            {
+                "metadata": {
+                    "name": f"{name}.{uuid.uuid4().hex[:16]}",
+                    "namespace": namespace,
+                },
+                "involvedObject": {"apiVersion": api_version, "kind": kind, "name": name}
+                | ({"uid": uid} if uid else {}),
+                "reason": reason,
+                "message": message[:1024],
+                "type": type,
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": instance,
+                "firstTimestamp": now.isoformat(),
+                "lastTimestamp": now.isoformat(),
+                "count": 1,
+            },
+        )
+        await self._json(
+            f"create Event {reason} on {kind} {name}",
+            self._core.create_namespaced_event_without_preload_content(
+                namespace, body, **self._timeout()
+            ),
+        )
+
+    # --- Lease (leader election) -------------------------------------------------------
+
+    async def read_lease(self, name: str) -> LeaseRecord | None:
+        try:
+            raw = await self._json(
+                f"read Lease {name}",
+                self._leases.read_namespaced_lease_without_preload_content(
+                    name, self._settings.lease_namespace, **self._timeout()
+                ),
+            )
+        except KubeNotFoundError:
+            return None
+        if not isinstance(raw, dict):
+            raise KubeError(f"read Lease {name}: not an object")
+        spec = raw.get("spec") or {}
+        return LeaseRecord(
+            holder=spec.get("holderIdentity") or None,
+            duration_s=spec.get("leaseDurationSeconds"),
+            renew_time=spec.get("renewTime"),
+            transitions=spec.get("leaseTransitions"),
+            resource_version=(raw.get("metadata") or {}).get("resourceVersion"),
+        )
+
+    async def write_lease(self, name: str, record: LeaseRecord, *, create: bool) -> bool:
+        """Create, or merge-patch with `record.resource_version` as precondition (the
+        server answers 409 when the Lease changed since it was read); False when someone
+        else won (409), KubeError for anything else."""
+        metadata: dict[str, Any] = {"name": name, "namespace": self._settings.lease_namespace}
+        if record.resource_version and not create:
+            metadata["resourceVersion"] = record.resource_version
+        spec: dict[str, Any] = {"holderIdentity": record.holder or ""}
+        if record.duration_s is not None:
+            spec["leaseDurationSeconds"] = record.duration_s
+        if record.renew_time is not None:
+            spec["renewTime"] = record.renew_time
+        if record.transitions is not None:
+            spec["leaseTransitions"] = record.transitions
+        namespace = self._settings.lease_namespace
+        body = {"metadata": metadata, "spec": spec}
+        call = (
+            self._leases.create_namespaced_lease_without_preload_content(
+                namespace, _model("V1Lease", body), **self._timeout()
+            )
+            if create
+            else self._leases.patch_namespaced_lease_without_preload_content(
+                name, namespace, body, _content_type=MERGE_PATCH, **self._timeout()
+            )
+        )
+        try:
+            await self._json(f"write Lease {name}", call)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    # --- TokenReview (API authentication) ------------------------------------------------
+
+    async def review_token(self, token: str, audiences: tuple[str, ...] = ()) -> TokenReviewResult:
+        """Ask the API server who `token` belongs to (`authentication.k8s.io/v1` TokenReview).
+
+        Nothing is stored server-side. The token goes only into the request body: never
+        into `what`, so no KubeError message can carry it."""
+        spec: dict[str, Any] = {"token": token}
+        if audiences:
+            spec["audiences"] = list(audiences)
+        # A plain dict, not a V1TokenReview model: a model's repr would show the token.
+        body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        what = "create TokenReview"
+        raw = await self._json(
+            what, self._authn.create_token_review_without_preload_content(body, **self._timeout())
+        )
+        try:
+            return result_from_review(raw)
+        except ValueError as exc:
+            raise KubeUnavailableError(f"{what}: not a TokenReview: {exc}") from None
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _timeout(self) -> dict[str, Any]:
+        return {"_request_timeout": self._settings.request_timeout_s}
+
+    async def _json(self, what: str, call: Awaitable[Any]) -> Any:
+        """Send, read the whole body, raise KubeError for non-2xx, decode JSON.
+
+        The raw (`*_without_preload_content`) calls skip the client's model classes: one
+        malformed object in a list must not fail the whole list (a pydantic error would)."""
+        async with _translated(what):
+            response = await call
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+        if response.status >= 300:
+            raise error_from_status(what, response.status, response.reason, body)
+        try:
+            return json.loads(body) if body else None
+        except ValueError as exc:
+            raise KubeUnavailableError(f"{what}: answer is not JSON: {exc}") from exc
+
+    async def _watch(
+        self, what: str, func: Callable[..., Any], *args: Any, resource_version: str | None
+    ) -> AsyncIterator[WatchEvent]:
+        """One watch session; ends when the server closes it (then list again)."""
+        kwargs: dict[str, Any] = {"timeout_seconds": self._settings.watch_timeout_s}
+        if resource_version and resource_version != "...":  # kmock's placeholder
+            kwargs["resource_version"] = resource_version
+            kwargs["allow_watch_bookmarks"] = True
+        # return_type "object": events stay plain dicts (no model validation to fail on).
+        from kubernetes.aio import watch
+
+        watcher = cast(Any, watch).Watch(return_type="object")  # the module has no annotations
+        async with _translated(what), watcher.stream(func, *args, **kwargs) as stream:
+            async for event in stream:
+                kind = event.get("type")
+                raw = event.get("raw_object")
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(raw, dict):
+                    yield WatchEvent(type=kind, object=raw)
+
+
+@asynccontextmanager
+async def _translated(what: str) -> AsyncIterator[None]:
+    from kubernetes.aio.client import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        raise _translate(what, exc) from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise KubeUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _translate(what: str, exc: Any) -> KubeError:
+    status = getattr(exc, "status", None)
+    return error_from_status(
+        what, status if isinstance(status, int) else None, exc.reason, exc.body
+    )
+
+
+def _model(name: str, data: dict[str, Any]) -> Any:
+    """`kubernetes.aio.client.<name>` built from `data` (a class of the client's models)."""
+    from kubernetes.aio import client
+
+    model = getattr(client, name).from_dict(data)
+    if model is None:  # from_dict answers None only for None input
+        raise ValueError(f"cannot build {name}")
+    return model

@@ -1,0 +1,247 @@
+"""Kubernetes API objects (plain JSON dicts) -> nicfleet's cluster model, and API statuses
+-> KubeErrors. Pure: `aggregator.kube.client` does the I/O. Turns a NicFleetPolicy into a `Policy`
+(or a `PolicyObjectError` naming the field), Nodes, Pods and NetworkAttachmentDefinitions
+into cluster Structs. A malformed object never raises: it is skipped or reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import msgspec
+
+from aggregator.cluster import ClusterNode, NetworkAttachment, PodRequest
+from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
+from proto.policy import Policy, PolicyError, load_policies
+
+RESOURCE_NAME_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
+NETWORKS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks"
+LABEL_PREFIX: Final = "nicfleet.io/"
+_DOCUMENT_PREFIX: Final = "document 0: "
+
+WatchKind = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
+    type: WatchKind
+    object: dict[str, Any]
+
+
+class Listing(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[dict[str, Any], ...]
+    resource_version: str | None
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """coordination.k8s.io/v1 Lease spec, the part leader election reads and writes."""
+
+    holder: str | None
+    duration_s: int | None = None
+    renew_time: str | None = None  # RFC 3339 MicroTime, as the server stores it
+    transitions: int | None = None
+    resource_version: str | None = None  # optimistic concurrency on replace
+
+
+def listing_from(raw: object) -> Listing:
+    """A list response's items (dicts only) and resourceVersion."""
+    if not isinstance(raw, dict):
+        return Listing(items=(), resource_version=None)
+    items = tuple(item for item in raw.get("items") or () if isinstance(item, dict))
+    metadata = raw.get("metadata") or {}
+    version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+    return Listing(items=items, resource_version=version if isinstance(version, str) else None)
+
+
+def error_from_status(
+    what: str, status: int | None, reason: str | None, body: bytes | str | None
+) -> KubeError:
+    """The KubeError for an HTTP status; the message of a Status body when there is one."""
+    message = reason or ""
+    try:
+        decoded = json.loads(body) if body else {}
+        message = decoded.get("message") or message
+    except (ValueError, TypeError, AttributeError):
+        pass
+    text = f"{what}: {status} {message}".strip()
+    if status == 404:
+        return KubeNotFoundError(text, status=status)
+    if status is None or status >= 500 or status == 429:
+        return KubeUnavailableError(text, status=status)
+    return KubeError(text, status=status)
+
+
+class PolicyObjectError(msgspec.Struct, frozen=True, kw_only=True):
+    name: str  # the object's metadata.name ("" when even that is missing)
+    path: str  # field path, e.g. "$.spec.expect.mtu"
+    reason: str
+    generation: int | None = None
+
+    def __str__(self) -> str:
+        return f"NicFleetPolicy {self.name}: {self.path}: {self.reason}"
+
+
+class PolicyObject(msgspec.Struct, frozen=True, kw_only=True):
+    """One NicFleetPolicy as the API server holds it: parsed, or the reason it is not."""
+
+    name: str
+    generation: int | None = None  # metadata.generation, for status.observedGeneration
+    uid: str | None = None
+    policy: Policy | None = None
+    error: PolicyObjectError | None = None
+
+
+def policy_from_object(obj: Mapping[str, Any]) -> PolicyObject:
+    """Validate a NicFleetPolicy object with the same loader as `--policy FILE`."""
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    raw_name = metadata.get("name")
+    name = raw_name if isinstance(raw_name, str) else ""
+    generation = metadata.get("generation")
+    generation = generation if isinstance(generation, int) else None
+    uid = metadata.get("uid") if isinstance(metadata.get("uid"), str) else None
+    # Only what the policy model knows: the server adds uid, resourceVersion, managedFields
+    # and the status subresource, none of which is the user's document.
+    document: dict[str, Any] = {
+        key: value for key, value in obj.items() if key not in ("metadata", "status")
+    }
+    document["metadata"] = {
+        key: metadata[key] for key in ("name", "labels") if metadata.get(key) is not None
+    }
+    try:
+        (policy,) = load_policies(json.dumps(document), source=f"NicFleetPolicy/{name}")
+    except PolicyError as exc:
+        path = exc.path.removeprefix(_DOCUMENT_PREFIX)
+        error = PolicyObjectError(name=name, path=path, reason=exc.reason, generation=generation)
+        return PolicyObject(name=name, generation=generation, uid=uid, error=error)
+    except (TypeError, ValueError) as exc:  # not JSON-serializable: cannot come from the API
+        error = PolicyObjectError(name=name, path="$", reason=str(exc), generation=generation)
+        return PolicyObject(name=name, generation=generation, uid=uid, error=error)
+    return PolicyObject(name=name, generation=generation, uid=uid, policy=policy)
+
+
+def node_from_object(obj: Mapping[str, Any]) -> ClusterNode | None:
+    """A Node's name, labels, allocatable and capacity; None without a name."""
+    metadata = _mapping(obj.get("metadata"))
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    status = _mapping(obj.get("status"))
+    return ClusterNode(
+        name=name,
+        labels=_strings(metadata.get("labels")),
+        allocatable=_strings(status.get("allocatable")),
+        capacity=_strings(status.get("capacity")),
+    )
+
+
+def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -> PodRequest | None:
+    """A Pod asking for a resource under one of `prefixes` ("rdma/"), else None."""
+    metadata = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    requests: dict[str, int] = {}
+    containers = [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]
+    for container in containers:
+        resources = _mapping(_mapping(container).get("resources"))
+        # Extended resources must be requested in limits (requests default to them).
+        for section in ("limits", "requests"):
+            for resource, amount in _mapping(resources.get(section)).items():
+                if not str(resource).startswith(prefixes):
+                    continue
+                count = _quantity(amount)
+                if count is not None:
+                    requests[resource] = max(requests.get(resource, 0), count)
+    if not requests:
+        return None
+    namespace = str(metadata.get("namespace") or "default")
+    annotations = _strings(metadata.get("annotations"))
+    node = spec.get("nodeName")
+    phase = _mapping(obj.get("status")).get("phase")
+    return PodRequest(
+        namespace=namespace,
+        name=str(metadata.get("name") or ""),
+        node=node if isinstance(node, str) else None,
+        phase=phase if isinstance(phase, str) else None,
+        requests=requests,
+        networks=parse_networks(annotations.get(NETWORKS_ANNOTATION, ""), namespace),
+    )
+
+
+def attachment_from_object(obj: Mapping[str, Any]) -> NetworkAttachment | None:
+    """A NetworkAttachmentDefinition: its resourceName annotation and CNI `master`."""
+    metadata = _mapping(obj.get("metadata"))
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    annotations = _strings(metadata.get("annotations"))
+    master: str | None = None
+    config = _mapping(obj.get("spec")).get("config")
+    if isinstance(config, str):
+        try:
+            decoded = json.loads(config)
+        except json.JSONDecodeError:
+            decoded = None
+        master = _find_master(decoded)
+    return NetworkAttachment(
+        namespace=str(metadata.get("namespace") or "default"),
+        name=name,
+        resource_name=annotations.get(RESOURCE_NAME_ANNOTATION),
+        master=master,
+    )
+
+
+def parse_networks(annotation: str, namespace: str) -> tuple[str, ...]:
+    """`k8s.v1.cni.cncf.io/networks`: "a, ns/b" or a JSON list of {name, namespace}."""
+    text = annotation.strip()
+    if not text:
+        return ()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            return ()
+        found = []
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+                found.append(f"{item.get('namespace') or namespace}/{item['name']}")
+        return tuple(found)
+    names = []
+    for part in text.split(","):
+        part = part.strip().split("@", 1)[0]  # "name@ifname"
+        if part:
+            names.append(part if "/" in part else f"{namespace}/{part}")
+    return tuple(names)
+
+
+def _find_master(config: object) -> str | None:
+    """`master` of the CNI config, or of the first plugin of a conflist that has one."""
+    if not isinstance(config, Mapping):
+        return None
+    if isinstance(config.get("master"), str):
+        return str(config["master"])
+    for plugin in _list(config.get("plugins")):
+        if isinstance(plugin, Mapping) and isinstance(plugin.get("master"), str):
+            return str(plugin["master"])
+    return None
+
+
+def _quantity(value: object) -> int | None:
+    """Extended resources are whole numbers ("1", 1); anything else is not a count."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _strings(value: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _mapping(value).items() if v is not None}

@@ -1,0 +1,39 @@
+"""The device plugin's applied config and advertised counts, per resource."""
+
+from __future__ import annotations
+
+import msgspec
+
+from proto.inventory import Base
+from proto.messages import MESSAGES_VERSION
+
+
+class ResourceStatus(Base, frozen=True, kw_only=True):
+    """One advertised resource as the agent's device plugin serves it."""
+
+    name: str  # rdma/hca_shared_devices_a
+    advertised: int = 0  # device IDs in the ListAndWatch list
+    healthy: int = 0
+    devices: tuple[str, ...] = ()  # selected adapters (RDMA device names)
+    exclusive: bool = False  # one device ID per adapter instead of shared slots
+    excluded: dict[str, str] = msgspec.field(default_factory=dict)  # matched, unusable: why
+    unmatched: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> failed selector
+    unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # selected adapter -> why
+    # starting | waiting | registering | registered | retrying | rejected | stopped; a plain
+    # string on the wire so that a state added later never fails an older decoder.
+    registration: str = "starting"
+    registration_mode: str | None = None  # legacy | watcher
+    registration_error: str | None = None  # the last failure, kept while retrying
+    registration_attempts: int = 0  # failed attempts since the last success
+    endpoint: str | None = None  # the plugin's socket path
+
+
+class DevicePluginStatus(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.DevicePluginStatus"
+):
+    version: int = MESSAGES_VERSION
+    node: str
+    config_generation: int = 0
+    registered: bool = False
+    resources: tuple[ResourceStatus, ...] = ()
+    observed_at: float

@@ -1,0 +1,157 @@
+"""In-pod RDMA evidence, the verdict's reasons, the pair test's result and the
+`ValidationResult` a validator pod publishes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from proto.inventory import Base, Gid, ReadError
+from proto.messages import MESSAGES_VERSION
+
+# The verdict of `nicfleet-agent verify` (docs/verify.md): rdma-path only when every piece
+# of evidence is there; ordinary-interface-only when the pod got no RDMA device at all;
+# broken when it got some but a piece is missing or wrong.
+Verdict = Literal["rdma-path", "ordinary-interface-only", "broken"]
+
+
+ValidationRole = Literal["server", "client"]
+
+
+PairTestMethod = Literal["pyverbs", "perftest"]
+
+
+class CharDeviceEvidence(Base, frozen=True, kw_only=True):
+    """An RDMA char device in the container (/dev/infiniband/uverbs0, rdma_cm, umad0)."""
+
+    path: str  # as the container sees it, e.g. /dev/infiniband/uverbs0
+    openable: bool = False  # open(O_RDWR|O_NONBLOCK) succeeded
+    error: str | None = None  # errno name when it could not be opened
+
+
+class PortEvidence(Base, frozen=True, kw_only=True):
+    port: int
+    state: str = "UNKNOWN"  # PortStateName
+    phys_state: str | None = None
+    link_layer: str = "Unknown"  # InfiniBand | Ethernet | Unknown
+    rate_gbps: float | None = None
+    lid: int | None = None
+    gids: tuple[Gid, ...] = ()  # non-zero GIDs with type and ndev (gid_attrs)
+
+
+class DeviceEvidence(Base, frozen=True, kw_only=True):
+    """An RDMA device visible in /sys/class/infiniband of the pod."""
+
+    name: str
+    netdevs: tuple[str, ...] = ()
+    char_devices: tuple[str, ...] = ()  # its uverbs/umad nodes per sysfs (+ rdma_cm)
+    ports: tuple[PortEvidence, ...] = ()
+
+
+class InterfaceEvidence(Base, frozen=True, kw_only=True):
+    """A network interface of the pod's namespace (netlink), loopback excluded."""
+
+    name: str
+    operstate: str | None = None
+    mtu: int | None = None
+    addresses: tuple[str, ...] = ()  # "10.0.0.5/24", "fd00::5/64"
+
+
+class GidMatch(Base, frozen=True, kw_only=True):
+    """A RoCE GID entry and the pod interface it belongs to (by gid_attrs/ndevs or IP)."""
+
+    device: str
+    port: int
+    index: int
+    gid: str
+    type: str | None = None  # "RoCE v2"
+    ndev: str | None = None  # gid_attrs/ndevs
+    ip: str | None = None  # the IPv4/IPv6 address the GID encodes
+    interface: str | None = None  # the pod interface it matches, None: none
+
+
+class InjectedEvidence(Base, frozen=True, kw_only=True):
+    """What the device plugin injected (env) against what the pod can see."""
+
+    rdma_devices: tuple[str, ...] | None = None  # NICFLEET_RDMA_DEVICES; None: not set
+    netdevs: tuple[str, ...] | None = None  # NICFLEET_NETDEVS; None: not set
+    missing_devices: tuple[str, ...] = ()  # injected but not in /sys/class/infiniband
+    missing_netdevs: tuple[str, ...] = ()  # injected but not a pod interface
+    matches: bool | None = None  # None when nothing was injected
+
+
+class VerbsEvidence(Base, frozen=True, kw_only=True):
+    """Whether pyverbs opened each device context and queried its ports."""
+
+    checked: bool = True  # False: not looked at (`verify --verbs off`, lab trees)
+    available: bool = False
+    detail: str = ""  # "ok: 2 devices" or "verbs unavailable: <reason>"
+    opened: tuple[str, ...] = ()  # devices whose context opened and ports answered
+    failed: dict[str, str] = msgspec.field(default_factory=dict)  # device -> why
+
+
+class Evidence(Base, frozen=True, kw_only=True):
+    char_devices: tuple[CharDeviceEvidence, ...] = ()
+    devices: tuple[DeviceEvidence, ...] = ()
+    interfaces: tuple[InterfaceEvidence, ...] = ()
+    gid_matches: tuple[GidMatch, ...] = ()  # RoCE GIDs only
+    injected: InjectedEvidence = InjectedEvidence()
+    verbs: VerbsEvidence = VerbsEvidence()
+    errors: tuple[ReadError, ...] = ()  # reads that failed
+
+
+class Reason(Base, frozen=True, kw_only=True):
+    """Why the verdict is not rdma-path: `code` is stable, `missing` names the evidence."""
+
+    code: str  # e.g. no-char-devices, port-down, gid-not-on-pod-interface
+    missing: str  # the evidence that is missing or wrong, e.g. "/dev/infiniband/uverbs*"
+    message: str
+
+
+class LatencySummary(Base, frozen=True, kw_only=True):
+    samples: int
+    p50_us: float
+    p99_us: float
+    min_us: float | None = None
+    max_us: float | None = None
+
+
+class PairTestResult(Base, frozen=True, kw_only=True):
+    """The data-path test between two pods; no numbers unless it really ran."""
+
+    method: PairTestMethod
+    peer: str | None = None  # host:port of the other side
+    message_size: int | None = None  # bytes per RDMA write / send
+    iterations: int | None = None
+    bytes_per_second: float | None = None  # RDMA write bandwidth
+    latency: LatencySummary | None = None  # send/recv round trip / 2
+    local_device: str | None = None
+    local_port: int | None = None
+    local_gid: str | None = None
+    remote_device: str | None = None
+    remote_gid: str | None = None
+    error: str | None = None  # why it did not run or did not finish
+
+
+class ValidationResult(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.ValidationResult"
+):
+    """One side's answer to a validation (`nicfleet.v1.validation.<id>`) or `verify -o json`.
+
+    `validation_id` and `role` are set in a validation pod; a plain `verify` leaves them
+    None. `pair_test` is None when no pair test was asked for (or the evidence failed first).
+    """
+
+    version: int = MESSAGES_VERSION
+    validation_id: str | None = None
+    role: ValidationRole | None = None
+    node: str | None = None  # NODE_NAME (downward API), None when unknown
+    pod: str | None = None  # POD_NAME, else the hostname
+    verdict: Verdict
+    reasons: tuple[Reason, ...] = ()
+    evidence: Evidence = Evidence()
+    pair_test: PairTestResult | None = None
+    started_at: float
+    finished_at: float
