@@ -8,18 +8,15 @@ the alert engine at scrape time (nodes by state, findings and firing alerts by r
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aggregator.fleet.state import NODE_STATES, Fleet, node_state
-from aggregator.rules.finding import Finding
 from proto import subjects
-from proto.messages.alerts import Alert
 
 RECONCILE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
@@ -100,15 +97,24 @@ class Metrics:
 
     def watch_fleet(
         self,
-        fleet: Fleet,
+        nodes: Callable[[], Mapping[str, int]],
         *,
-        clock: Callable[[], float],
-        stale_after: float,
-        alerts: Callable[[], Iterable[Alert]],
-        findings: Callable[[], Iterable[Finding]],
+        alerts: Callable[[], Iterable[Ruled]],
+        findings: Callable[[], Iterable[Ruled]],
     ) -> None:
-        """Export the scrape-time families of `FleetCollector` on this registry."""
-        self.registry.register(FleetCollector(fleet, clock, stale_after, alerts, findings))
+        """Export the scrape-time families of `FleetCollector` on this registry: `nodes`
+        counts the nodes by state (every state present, zero when empty)."""
+        self.registry.register(FleetCollector(nodes, alerts, findings))
+
+
+class Ruled(Protocol):
+    """A finding or an alert, as far as the by-rule gauges care."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def severity(self) -> str: ...
 
 
 class FleetCollector(Collector):
@@ -116,14 +122,11 @@ class FleetCollector(Collector):
 
     def __init__(
         self,
-        fleet: Fleet,
-        clock: Callable[[], float],
-        stale_after: float,
-        alerts: Callable[[], Iterable[Alert]],
-        findings: Callable[[], Iterable[Finding]],
+        nodes: Callable[[], Mapping[str, int]],
+        alerts: Callable[[], Iterable[Ruled]],
+        findings: Callable[[], Iterable[Ruled]],
     ) -> None:
-        self._fleet, self._clock, self._stale_after = fleet, clock, stale_after
-        self._alerts, self._findings = alerts, findings
+        self._nodes, self._alerts, self._findings = nodes, alerts, findings
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # names are known only by collecting; nothing to check at register
@@ -134,9 +137,7 @@ class FleetCollector(Collector):
             "Nodes known to the aggregator, by state (ready, stale, no-snapshot).",
             labels=["state"],
         )
-        for state, count in sorted(
-            nodes_by_state(self._fleet, self._clock(), self._stale_after).items()
-        ):
+        for state, count in sorted(self._nodes().items()):
             nodes.add_metric([state], count)
         yield nodes
         yield _by_rule(
@@ -149,14 +150,6 @@ class FleetCollector(Collector):
             "Findings of the last rule evaluation, by rule and severity.",
             ((f.rule, f.severity) for f in self._findings()),
         )
-
-
-def nodes_by_state(fleet: Fleet, now: float, stale_after: float) -> dict[str, int]:
-    """Pure: every state present, zero when no node is in it (no vanishing series)."""
-    counts: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
-    for record in fleet.records():
-        counts[node_state(record, now, stale_after)] += 1
-    return counts
 
 
 def _by_rule(name: str, documentation: str, keys: Iterable[tuple[str, str]]) -> GaugeMetricFamily:

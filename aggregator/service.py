@@ -42,7 +42,7 @@ from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.errors import KubeError, SettingsError, StoreError
 from aggregator.fleet.changefeed import ChangeFeed
 from aggregator.fleet.ingest import Ingest
-from aggregator.fleet.state import Fleet
+from aggregator.fleet.state import Fleet, nodes_by_state
 from aggregator.fleet.store import (
     SnapshotWriter,
     StoredNode,
@@ -174,9 +174,7 @@ class AggregatorService:
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
         self.metrics.watch_fleet(
-            self.fleet,
-            clock=clock,
-            stale_after=settings.stale_after,
+            lambda: nodes_by_state(self.fleet, clock(), settings.stale_after),
             alerts=self._firing_alerts,
             findings=self._findings,
         )

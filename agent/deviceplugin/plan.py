@@ -15,6 +15,7 @@ from typing import Final, Literal
 
 from agent.deviceplugin.selectors import SelectedDevice, Selection
 from proto.dpconfig import resource_full_name
+from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot, PortStateName
 from proto.messages.config import ResourceConfig
 
@@ -32,7 +33,6 @@ ENV_RDMA_DEVICES: Final = "NICFLEET_RDMA_DEVICES"
 ENV_NETDEVS: Final = "NICFLEET_NETDEVS"
 CDI_KIND: Final = "nicfleet.io/rdma"
 DEVICE_PERMISSIONS: Final = "rw"
-ACTIVE_STATES: Final = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 # Bad-input bounds: kubelet never sends more IDs than the plugin advertised, nor IDs longer
 # than the API's 63 characters; anything past these is refused before any work is done.
 MAX_ID_LENGTH: Final = 63

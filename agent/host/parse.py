@@ -11,18 +11,9 @@ import re
 from typing import Final
 
 from agent.errors import ParseError
+from proto.ibta import PORT_STATE_NAMES
 from proto.inventory import LinkLayer, PortStateName
 
-# ib_port_state names as printed by the kernel's state_show(); out-of-range is "UNKNOWN".
-PORT_STATE_NAMES: Final[dict[str, PortStateName]] = {
-    "NOP": "NOP",
-    "DOWN": "DOWN",
-    "INIT": "INIT",
-    "ARMED": "ARMED",
-    "ACTIVE": "ACTIVE",
-    "ACTIVE_DEFER": "ACTIVE_DEFER",
-    "UNKNOWN": "UNKNOWN",
-}
 LINK_LAYERS: Final[dict[str, LinkLayer]] = {
     "infiniband": "InfiniBand",
     "ethernet": "Ethernet",

@@ -18,7 +18,8 @@ import msgspec
 
 from agent.lab import pciconfig
 from agent.lab.models import COUNTERS_EXT_TWIN, HW_COUNTER_BITS, LEGACY_COUNTERS, PMA_COUNTERS
-from agent.lab.spec import PCI_ADDRESS_RE, PHYS_STATES, PORT_STATES
+from agent.lab.spec import PCI_ADDRESS_RE
+from proto.ibta import PHYS_STATES, PORT_STATES
 
 FaultKind = Literal[
     "port-down", "port-up", "counter", "counter-reset", "pcie-width", "acs", "device-remove",

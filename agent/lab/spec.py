@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.resources
 import re
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -55,10 +55,6 @@ AdapterModelName = Literal[
     "ConnectX-6", "ConnectX-6 Dx", "ConnectX-7", "BlueField-2", "BlueField-3"
 ]  # fmt: skip
 GpuModel = Literal["H100 SXM5", "H100 PCIe", "A100 SXM4 80GB"]
-
-# Kernel enum values behind "4: ACTIVE" / "5: LinkUp" (drivers/infiniband/core/sysfs.c).
-PORT_STATES: dict[str, int] = {s: i for i, s in enumerate(get_args(PortState))}
-PHYS_STATES: dict[str, int] = {s: i + 1 for i, s in enumerate(get_args(PhysState))}
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -39,18 +39,11 @@ from aggregator.api.paging import (
 )
 from aggregator.api.tokenreview import TokenReviewer
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet.state import (
-    NODE_STATES,
-    Fleet,
-    NodeState,
-    NodeSummary,
-    describe,
-    node_state,
-)
+from aggregator.fleet.state import Fleet, describe, node_state
 from aggregator.fleet.summaries import SummaryCache
 from aggregator.reconcile.loop import ReconcileReport
-from aggregator.validations.record import ValidationRecord
 from proto.codec import to_json
+from proto.http import NODE_STATES, NodeState, NodeSummary, ValidationRecord
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 

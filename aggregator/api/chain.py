@@ -19,8 +19,8 @@ from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.trace.chain import UnknownNode, UnknownResource, trace
-from aggregator.trace.resources import ResourceSummary, summarize_resources
-from aggregator.validations.record import ValidationRecord
+from aggregator.trace.resources import summarize_resources
+from proto.http import ResourceSummary, ValidationRecord
 from proto.policy import Policy
 from proto.subjects import InvalidNodeName, validate_node_name
 

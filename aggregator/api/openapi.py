@@ -18,11 +18,9 @@ from aggregator.api.chain import MAX_RESOURCE_LENGTH, ResourceList
 from aggregator.api.errors import ErrorBody
 from aggregator.api.labelselect import MAX_SELECTOR_LENGTH, SELECTOR_PATTERN
 from aggregator.api.paging import MAX_TOKEN_LENGTH, PageLimits
-from aggregator.fleet.state import NODE_STATES, NodeDetail, NodeSummary
 from aggregator.reconcile.loop import ReconcileReport
 from aggregator.rules.finding import Finding
-from aggregator.trace.chain import Trace
-from aggregator.validations.record import ValidationRecord
+from proto.http import NODE_STATES, NodeDetail, NodeSummary, Trace, ValidationRecord
 from proto.messages.alerts import Alert
 from proto.policy import Policy
 

@@ -11,9 +11,10 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from aggregator.errors import KubeError
+from aggregator.kube.objects import TokenReviewResult
 
 Scope = Literal["read", "admin"]
 DEFAULT_READ_GROUPS: Final = ("nicfleet:readers",)
@@ -24,18 +25,6 @@ RBAC_HINT: Final = (
 )
 
 Review = Callable[[str, tuple[str, ...]], Awaitable["TokenReviewResult"]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenReviewResult:
-    """`status` of one TokenReview as the API server answered it."""
-
-    authenticated: bool
-    username: str = ""
-    uid: str = ""
-    groups: tuple[str, ...] = ()
-    audiences: tuple[str, ...] = ()
-    error: str = ""  # the authenticator's reason when not authenticated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,26 +64,6 @@ class Unavailable:
 
 
 Decision = Allowed | Refused | Unavailable
-
-
-def result_from_review(raw: Any) -> TokenReviewResult:
-    """The `status` of a TokenReview object; ValueError when it is not one."""
-    if not isinstance(raw, dict):
-        raise ValueError("answer is not an object")
-    status = raw.get("status")
-    if not isinstance(status, dict):
-        raise ValueError("answer has no status")
-    user = status.get("user") or {}
-    if not isinstance(user, dict):
-        raise ValueError("status.user is not an object")
-    return TokenReviewResult(
-        authenticated=status.get("authenticated") is True,
-        username=_text(user.get("username")),
-        uid=_text(user.get("uid")),
-        groups=_texts(user.get("groups")),
-        audiences=_texts(status.get("audiences")),
-        error=_text(status.get("error")),
-    )
 
 
 def decide(result: TokenReviewResult, settings: ReviewSettings) -> Allowed | Refused:
@@ -208,13 +177,3 @@ class TokenReviewer:
                 hint = RBAC_HINT if exc.status in (401, 403) else ""
                 return Unavailable(f"cannot verify the token: {exc}{hint}")
         return decide(result, self.settings)
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _texts(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        return ()
-    return tuple(item for item in value if isinstance(item, str))

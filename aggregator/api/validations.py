@@ -18,7 +18,6 @@ from aggregator.api.chain import _check_node, _check_resource, _checked_query
 from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
-from aggregator.validations.record import ValidationRecord
 from aggregator.validations.request import (
     InvalidRequest,
     ResourceNotAdvertised,
@@ -27,6 +26,7 @@ from aggregator.validations.request import (
     parse_request,
 )
 from aggregator.validations.runner import ValidationBusy, ValidationRunner, ValidationUnavailable
+from proto.http import ValidationRecord
 from proto.subjects import InvalidValidationId, validate_validation_id
 
 LIST_PARAMS: Final = ("node", "resource", "limit")

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 
-from aggregator.fleet.changefeed import either
 from proto import subjects
 from proto.codec import encode
 from proto.messages.control import MAX_RESYNC_SPREAD_S, ResyncReason, ResyncRequest
 from proto.runtime.natsflush import flush_in_order
+from proto.runtime.waits import either
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ from rich.text import Text
 
 from aggregator.ctl.client import AggregatorClient, ApiError, BadInput
 from aggregator.ctl.render import console_for
-from aggregator.trace.chain import Link, Trace
-from aggregator.trace.resources import ResourceSummary
+from proto.http import Link, ResourceSummary, Trace
 from proto.subjects import InvalidNodeName, validate_node_name
 
 TRACE_EPILOG: Final = """\b

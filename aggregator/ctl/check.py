@@ -19,8 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aggregator.ctl.render import console_for
-from aggregator.fleet.state import Fleet
-from aggregator.rules.engine.registry import evaluate
+from aggregator.rules.engine.registry import evaluate_snapshots
 from aggregator.rules.finding import Finding
 from aggregator.rules.thresholds import ThresholdError, Thresholds, parse_alerts
 from proto.codec import CodecError, from_json
@@ -93,12 +92,8 @@ def load_policy_file(path: Path | None) -> tuple[tuple[Policy, ...], Thresholds]
 def run_check(
     snaps: list[NodeSnapshot], policies: tuple[Policy, ...], thresholds: Thresholds
 ) -> list[Finding]:
-    fleet = Fleet()
-    for snap in snaps:
-        fleet.apply_snapshot(snap, received_at=snap.collected_at)
-    now = max((s.collected_at for s in snaps), default=0.0)
     offline = thresholds.with_rule("agent-stale", enabled=False)
-    return evaluate(fleet.view(), policies, now=now, thresholds=offline)
+    return evaluate_snapshots(snaps, policies, thresholds=offline)
 
 
 def render_findings(findings: list[Finding]) -> None:

@@ -24,7 +24,7 @@ import msgspec
 
 from aggregator.ctl.config import DEFAULT_SERVER as DEFAULT_SERVER
 from aggregator.ctl.config import Settings
-from aggregator.fleet.state import NodeDetail, NodeSummary
+from proto.http import NodeDetail, NodeSummary
 
 DEFAULT_TIMEOUT: Final = 10.0
 MAX_PAGES: Final = 10_000  # a server that never ends its `continue` chain is an error

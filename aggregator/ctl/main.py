@@ -35,7 +35,7 @@ from aggregator.ctl.contexts import config_group
 from aggregator.ctl.render import console_for, render_node, render_nodes
 from aggregator.ctl.topology import build_matrix, render_matrix, snapshot_of
 from aggregator.ctl.watch import add_watch, add_yaml
-from aggregator.fleet.state import NODE_STATES
+from proto.http import NODE_STATES
 from proto.subjects import InvalidNodeName, validate_node_name
 
 Output = Literal["table", "json", "wide"]

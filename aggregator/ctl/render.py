@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aggregator.fleet.state import ACTIVE_STATES, EventView, NodeDetail, NodeSummary
+from proto.http import EventView, NodeDetail, NodeSummary
+from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, Port
 
 T = TypeVar("T", bound=msgspec.Struct)

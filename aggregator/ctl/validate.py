@@ -31,8 +31,7 @@ from aggregator.ctl.client import (
     _reason,
 )
 from aggregator.ctl.render import console_for
-from aggregator.trace.resources import ResourceSummary
-from aggregator.validations.record import FINAL_PHASES, ValidationRecord
+from proto.http import FINAL_PHASES, ResourceSummary, ValidationRecord
 from proto.subjects import InvalidNodeName, validate_node_name
 
 EPILOG: Final = """\b

@@ -58,14 +58,3 @@ class ChangeFeed:
     def publish(self, node: str, kind: str) -> None:
         for sub in self._subscriptions:
             sub._add(node, kind)
-
-
-async def either(first: asyncio.Event, second: asyncio.Event) -> None:
-    """Return once `first` or `second` is set; the other waiter is cancelled and reaped."""
-    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Final, Literal, cast, get_args
+from typing import Final, cast, get_args
 
 import msgspec
 from msgspec.structs import replace
@@ -24,26 +24,16 @@ from aggregator.fleet.heldcounters import (
 )
 from aggregator.fleet.heldcounters import merge_counter_delta as merge_counter_delta  # re-exported
 from proto.compact import inventory_only
+from proto.http import NODE_STATES, EventView, NodeDetail, NodeState, NodeSummary
+from proto.ibta import ACTIVE_STATES, PHYS_STATES, PORT_STATES
 from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages.counters import CounterBatch
 from proto.messages.events import LinkEvent
 from proto.messages.status import DevicePluginStatus
 from proto.packedcounters import CleanPackedCounterBatch, PackedCounterBatch
 
-NodeState = Literal["ready", "stale", "no-snapshot"]
-NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
 MAX_EVENTS: Final = 50
-ACTIVE_STATES: Final[frozenset[str]] = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 _NOTHING: Final[frozenset[str]] = frozenset()
-
-# IBTA port state / physical state codes, as the kernel prints them in sysfs ("4: ACTIVE").
-_STATE_CODES: Final[dict[str, int]] = {
-    "NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5,
-}  # fmt: skip
-_PHYS_CODES: Final[dict[str, int]] = {
-    "Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4,
-    "LinkUp": 5, "LinkErrorRecovery": 6, "Phy Test": 7,
-}  # fmt: skip
 
 
 class ReceivedEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,48 +67,6 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
         """The latest counter batch, a delta merged onto its base (built on first read)."""
         held = self.counters_held
         return None if held is None else held.batch
-
-
-class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    state: NodeState
-    devices: int
-    ports_total: int
-    ports_active: int
-    ports_down: tuple[str, ...]  # "mlx5_3/1" for every port not ACTIVE/ACTIVE_DEFER
-    link_layers: tuple[str, ...]
-    max_rate_gbps: float | None
-    gpus: int
-    firmware: tuple[str, ...]
-    agent_version: str | None
-    errors: int  # files the agent could not read (device and host level)
-    last_seen: float
-    age_s: float
-
-
-class EventView(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int
-    kind: str
-    device: str | None
-    port: int | None
-    netdev: str | None
-    old_state: str | None
-    new_state: str | None
-    phys_state: str | None
-    observed_at: float
-    received_at: float
-    latency_ms: float  # received_at - observed_at; negative means clock skew
-
-
-class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
-    summary: NodeSummary
-    first_seen: float
-    snapshot: NodeSnapshot | None
-    snapshot_received_at: float | None
-    counters: CounterBatch | None
-    counters_received_at: float | None
-    device_plugin: DevicePluginStatus | None
-    events: tuple[EventView, ...]  # oldest first
 
 
 def is_newer(seq: int, collected_at: float, stored_seq: int, stored_collected_at: float) -> bool:
@@ -412,13 +360,13 @@ def _as_state(value: str | None) -> PortStateName:
 
 def _port_with_state(port: Port, state: PortStateName, phys: str | None) -> Port:
     if phys is None:
-        return replace(port, state=state, state_id=_STATE_CODES.get(state))
+        return replace(port, state=state, state_id=PORT_STATES.get(state))
     return replace(
         port,
         state=state,
-        state_id=_STATE_CODES.get(state),
+        state_id=PORT_STATES.get(state),
         phys_state=phys,
-        phys_state_id=_PHYS_CODES.get(phys),
+        phys_state_id=PHYS_STATES.get(phys),
     )
 
 
@@ -488,3 +436,11 @@ def _event_view(received: ReceivedEvent) -> EventView:
         received_at=received.received_at,
         latency_ms=(received.received_at - e.observed_at) * 1000.0,
     )
+
+
+def nodes_by_state(fleet: Fleet, now: float, stale_after: float) -> dict[str, int]:
+    """Pure: every state present, zero when no node is in it (no vanishing series)."""
+    counts: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
+    for record in fleet.records():
+        counts[node_state(record, now, stale_after)] += 1
+    return counts

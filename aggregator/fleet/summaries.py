@@ -12,7 +12,8 @@ from collections.abc import Collection
 
 import msgspec
 
-from aggregator.fleet.state import NodeRecord, NodeSummary, node_state, summarize
+from aggregator.fleet.state import NodeRecord, node_state, summarize
+from proto.http import NodeSummary
 from proto.inventory import NodeSnapshot
 
 

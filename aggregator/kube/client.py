@@ -19,18 +19,19 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import aiohttp
 
-from aggregator.api.tokenreview import TokenReviewResult, result_from_review
 from aggregator.cluster import NetworkAttachment, PodRequest
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
 from aggregator.kube.objects import (
     LABEL_PREFIX,
     LeaseRecord,
     Listing,
+    TokenReviewResult,
     WatchEvent,
     attachment_from_object,
     error_from_status,
     listing_from,
     pod_request_from_object,
+    result_from_review,
 )
 
 if TYPE_CHECKING:  # imported when connecting: `kubernetes` costs ~0.4 s at every start

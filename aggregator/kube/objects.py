@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import msgspec
@@ -245,3 +246,45 @@ def _list(value: object) -> list[Any]:
 
 def _strings(value: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in _mapping(value).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenReviewResult:
+    """`status` of one TokenReview as the API server answered it."""
+
+    authenticated: bool
+    username: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    audiences: tuple[str, ...] = ()
+    error: str = ""  # the authenticator's reason when not authenticated
+
+
+def result_from_review(raw: Any) -> TokenReviewResult:
+    """The `status` of a TokenReview object; ValueError when it is not one."""
+    if not isinstance(raw, dict):
+        raise ValueError("answer is not an object")
+    status = raw.get("status")
+    if not isinstance(status, dict):
+        raise ValueError("answer has no status")
+    user = status.get("user") or {}
+    if not isinstance(user, dict):
+        raise ValueError("status.user is not an object")
+    return TokenReviewResult(
+        authenticated=status.get("authenticated") is True,
+        username=_text(user.get("username")),
+        uid=_text(user.get("uid")),
+        groups=_texts(user.get("groups")),
+        audiences=_texts(status.get("audiences")),
+        error=_text(status.get("error")),
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(item for item in value if isinstance(item, str))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from aggregator.fleet.state import ACTIVE_STATES
+from proto.ibta import ACTIVE_STATES
 from proto.inventory import NodeSnapshot
 
 RELATION_ORDER: Final = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")

@@ -14,10 +14,11 @@ from typing import Final, Literal
 import msgspec
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet.state import ACTIVE_STATES, NodeRecord, node_state
+from aggregator.fleet.state import NodeRecord, node_state
 from aggregator.reconcile.nodelabels import DEFAULT_MAX_RELATION, relation_rank, worst_gpu_relation
 from aggregator.reconcile.plan import Plan
 from proto.dpconfig import resource_full_name
+from proto.ibta import ACTIVE_STATES
 from proto.policy import Policy
 
 CONDITION_TYPES: Final = ("Ready", "Degraded", "ConfigApplied", "ResourcesAdvertised", "TopologyOK")

@@ -22,7 +22,6 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from aggregator.fleet.changefeed import either
 from aggregator.fleet.ingest import Ingest
 from aggregator.fleet.state import Fleet, NodeRecord
 from aggregator.fleet.store import StoredNode
@@ -31,6 +30,7 @@ from aggregator.metrics import Metrics
 from aggregator.replicas.owner import node_subject_of
 from proto import subjects
 from proto.codec import CodecError, decode
+from proto.runtime.waits import either
 from proto.subjects import STATUS, partition_subject
 
 log = logging.getLogger(__name__)

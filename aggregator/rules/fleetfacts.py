@@ -14,8 +14,9 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Final, TypeVar
 
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet.state import ACTIVE_STATES, NodeRecord
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.nodememo import NodeMemo
+from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot, Port
 from proto.policy import Expect, Policy
 

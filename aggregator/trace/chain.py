@@ -12,14 +12,10 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import msgspec
-
 from aggregator.cluster import ClusterView, policies_by_node
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.host import (
     ChainContext,
-    Link,
-    LinkStatus,
     check_adapter,
     check_agent,
     check_char_devices,
@@ -31,13 +27,14 @@ from aggregator.trace.host import (
     link_unknown,
 )
 from aggregator.trace.resources import allocatable_count
-from aggregator.validations.record import TESTED_LINK, ValidationRecord, data_path_link
+from aggregator.trace.tested import TESTED_LINK, data_path_link
 from proto.dpconfig import resource_full_name
+from proto.http import Link, Trace, ValidationRecord
 from proto.messages.config import ResourceConfig
 from proto.messages.status import ResourceStatus
 from proto.policy import Policy
 
-__all__ = ["LINK_NAMES", "Link", "LinkStatus", "Trace", "UnknownNode", "UnknownResource", "trace"]
+__all__ = ["LINK_NAMES", "UnknownNode", "UnknownResource", "trace"]
 
 LINK_NAMES: Final = (
     "agent", "adapter", "driver", "rdma-device", "char-devices",
@@ -45,15 +42,6 @@ LINK_NAMES: Final = (
 )  # fmt: skip
 MAX_SUGGESTIONS: Final = 3
 NAD_RESOURCE_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
-
-
-class Trace(msgspec.Struct, frozen=True, kw_only=True):
-    node: str
-    resource: str
-    checked_at: float
-    ok: bool  # no link is broken (unknown links do not count)
-    first_broken: int | None  # index into links
-    links: tuple[Link, ...]
 
 
 class UnknownNode(LookupError):

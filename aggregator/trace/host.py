@@ -8,28 +8,21 @@ no clock, no logging. The device-plugin and Kubernetes links are in `aggregator.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import msgspec
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet.state import ACTIVE_STATES, NodeRecord, node_state
+from aggregator.fleet.state import NodeRecord, node_state
+from proto.http import Link
+from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot
 from proto.messages.config import ResourceConfig
 from proto.messages.status import ResourceStatus
 from proto.policy import Policy
 
-LinkStatus = Literal["ok", "broken", "unknown"]
 RDMA_CM: Final = "/dev/infiniband/rdma_cm"
 PASSTHROUGH_DRIVERS: Final = frozenset({"vfio-pci", "pci-stub"})
-
-
-class Link(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    status: LinkStatus
-    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
-    cause: str | None = None  # broken links only: the likely cause ...
-    fix: str | None = None  # ... and what to do about it
 
 
 class ChainContext(msgspec.Struct, frozen=True, kw_only=True):

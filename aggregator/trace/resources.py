@@ -10,35 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import msgspec
-
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet.state import NodeRecord, NodeState, node_state
+from aggregator.fleet.state import NodeRecord, node_state
 from proto.dpconfig import resource_full_name
+from proto.http import ResourceOnNode, ResourceSummary
 from proto.policy import Policy
-
-
-class ResourceOnNode(msgspec.Struct, frozen=True, kw_only=True):
-    node: str
-    state: NodeState | None  # None: known to the cluster only, no agent
-    configured: bool  # a policy selecting the node configures the resource
-    advertised: int | None  # None: the agent does not report the resource
-    healthy: int | None
-    registration: str | None
-    allocatable: int | None  # None: no cluster, or the kubelet does not list it
-
-
-class ResourceSummary(msgspec.Struct, frozen=True, kw_only=True):
-    name: str  # rdma/hca_shared_devices_a
-    nodes_selected: int  # configured by a policy or served by the agent
-    nodes_advertising: int  # non-stale nodes advertising > 0
-    capacity: int  # sum of advertised over non-stale nodes
-    healthy: int
-    allocatable: int | None  # sum of node allocatable; None without a cluster
-    zero_nodes: tuple[str, ...]  # selected, not stale, advertising 0 or nothing
-    unhealthy_nodes: tuple[str, ...]  # advertising, but no healthy device (allocatable 0)
-    stale_nodes: tuple[str, ...]
-    nodes: tuple[ResourceOnNode, ...]
 
 
 def summarize_resources(

@@ -16,24 +16,16 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from aggregator.trace.host import Link, link_broken, link_ok, link_unknown
 from aggregator.validations.request import ValidationRequest
-from proto.inventory import Base
+from proto.http import FINAL_PHASES, Phase, ValidationRecord
 from proto.messages.validation import ValidationResult, ValidationRole
 
-Phase = Literal["pending", "pods-created", "running", "collecting", "done", "failed", "timed-out"]
-PHASES: Final[tuple[Phase, ...]] = (
-    "pending", "pods-created", "running", "collecting", "done", "failed", "timed-out",
-)  # fmt: skip
-FINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "failed", "timed-out"})
 ROLES: Final[tuple[ValidationRole, ValidationRole]] = ("server", "client")
 POD_PREFIX: Final = "nicfleet-validate-"
 NETWORKS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks"
 ID_LABEL: Final = "nicfleet.io/validation-id"
 ROLE_LABEL: Final = "nicfleet.io/validation-role"
 ENDED_POD_PHASES: Final = frozenset({"Succeeded", "Failed"})
-TESTED_LINK: Final = "tested-data-path"
-RECENT_S: Final = 24 * 3600.0  # a passed validation older than this is "unknown" again
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,33 +48,6 @@ class ValidationSettings:
         """The pods' own deadline: they end even if the aggregator that made them died."""
         total = self.start_timeout_s + self.run_timeout_s + self.collect_timeout_s
         return math.ceil(total + 2 * self.result_grace_s + 30)
-
-
-class ValidationRecord(
-    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.stored-validation"
-):
-    """One validation as stored in KV `nicfleet-validations` (key: id) and served."""
-
-    version: int = 1
-    id: str
-    nodes: tuple[str, str]  # (server, client)
-    resource: str
-    network: str | None = None
-    namespace: str
-    runner: str = ""  # the aggregator replica that runs it
-    phase: Phase
-    reason: str | None = None  # why it is where it is (always set once final)
-    passed: bool = False  # done, both sides rdma-path with a pair test result
-    created_at: float
-    updated_at: float
-    phase_since: float
-    finished_at: float | None = None
-    server_ip: str | None = None
-    server: ValidationResult | None = None
-    client: ValidationResult | None = None
-    bytes_per_second: float | None = None  # the best bandwidth either side measured
-    latency_p50_us: float | None = None
-    pods_deleted: bool = False
 
 
 class PodView(msgspec.Struct, frozen=True, kw_only=True):
@@ -335,33 +300,3 @@ def _pod_detail(pod: PodView | None) -> str:
 
 def _colon(detail: str) -> str:
     return f": {detail}" if detail else ""
-
-
-def data_path_link(record: ValidationRecord | None, node: str, resource: str, now: float) -> Link:
-    """The trace's last link: the newest finished validation of `resource` with `node`."""
-    command = f"nicfleetctl validate {node} <other-node> --resource {resource}"
-    if record is None:
-        return link_unknown(TESTED_LINK, validated="never validated", command=command)
-    age = now - (record.finished_at or record.updated_at)
-    evidence: dict[str, Any] = {
-        "validation": record.id,
-        "nodes": list(record.nodes),
-        "phase": record.phase,
-        "passed": record.passed,
-        "bytes_per_second": record.bytes_per_second,
-        "latency_p50_us": record.latency_p50_us,
-        "age_s": age,
-    }
-    if not record.passed:
-        return link_broken(
-            TESTED_LINK,
-            f"validation {record.id} ({' ↔ '.join(record.nodes)}) {record.phase}: "
-            f"{record.reason or 'no reason given'}",
-            f"fix the links above, then re-run: {command}",
-            **evidence,
-        )
-    if age > RECENT_S:
-        return link_unknown(
-            TESTED_LINK, note=f"last passed {age / 3600:.0f}h ago; re-run: {command}", **evidence
-        )
-    return link_ok(TESTED_LINK, **evidence)

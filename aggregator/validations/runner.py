@@ -31,10 +31,8 @@ from aggregator.fleet.store import open_bucket
 from aggregator.kube.client import KubeClient
 from aggregator.validations.record import (
     ENDED_POD_PHASES,
-    FINAL_PHASES,
     PodView,
     RejectedResult,
-    ValidationRecord,
     ValidationSettings,
     abandoned,
     accept_result,
@@ -47,6 +45,7 @@ from aggregator.validations.record import (
 from aggregator.validations.request import ValidationRequest
 from proto import subjects
 from proto.codec import CodecError, decode, encode
+from proto.http import FINAL_PHASES, ValidationRecord
 from proto.messages.validation import ValidationResult
 from proto.runtime.natsflush import flush_in_order
 

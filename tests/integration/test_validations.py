@@ -15,15 +15,11 @@ import requests
 from schemathesis import GenerationMode
 
 from aggregator.bus.natsserver import NatsServer
-from aggregator.validations.record import (
-    ValidationRecord,
-    ValidationSettings,
-    abandoned,
-    new_record,
-)
+from aggregator.validations.record import ValidationSettings, abandoned, new_record
 from aggregator.validations.request import ValidationRequest
 from aggregator.validations.runner import KV_VALIDATIONS, ValidationStore
 from proto.codec import decode
+from proto.http import ValidationRecord
 from proto.messages.validation import ValidationResult
 from tests.conftest import wait_until
 from tests.integration._validation_fixtures import (

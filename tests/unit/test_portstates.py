@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -13,7 +14,8 @@ from agent.host.portstates import PortStateReader, collect_port_states
 from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down, port_up
 from agent.lab.render import render
-from agent.lab.spec import load_builtin
+from agent.lab.spec import PhysState, PortState, load_builtin
+from proto.ibta import PHYS_STATES, PORT_STATES
 from tests.unit.sysfs_trees import BlockingSysfs, attrs, link, released, write
 
 
@@ -129,3 +131,10 @@ def test_reader_sees_a_file_replaced_by_a_new_inode(tmp_path: Path) -> None:
         assert reader.collect()[("mlx5_0", 1)] == ("DOWN", "Disabled")
         port_up(root, "mlx5_0", 1, atomic=True)
         assert reader.collect()[("mlx5_0", 1)] == ("ACTIVE", "LinkUp")
+
+
+def test_the_lab_spec_names_exactly_the_ibta_states() -> None:
+    """The lab renders `state`/`phys_state` numbers from proto.ibta: every name a spec may
+    use has a number there, and the table has no state a spec cannot express."""
+    assert set(get_args(PortState)) == set(PORT_STATES)
+    assert set(get_args(PhysState)) == set(PHYS_STATES)

@@ -6,7 +6,8 @@ import pytest
 
 from aggregator.cluster import ClusterNode, ClusterView
 from aggregator.fleet.state import NodeRecord
-from aggregator.trace.resources import ResourceSummary, allocatable_count, summarize_resources
+from aggregator.trace.resources import allocatable_count, summarize_resources
+from proto.http import ResourceSummary
 from proto.messages.status import DevicePluginStatus
 from proto.policy import Policy
 from tests.builders import T0, plugin_status, rdma_policy, resource_status, snapshot

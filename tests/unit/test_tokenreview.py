@@ -14,13 +14,12 @@ from aggregator.api.tokenreview import (
     ReviewCache,
     ReviewSettings,
     TokenReviewer,
-    TokenReviewResult,
     Unavailable,
     decide,
-    result_from_review,
     token_key,
 )
 from aggregator.errors import KubeError, KubeUnavailableError
+from aggregator.kube.objects import TokenReviewResult, result_from_review
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.payload-0123456789.signature"
 DEFAULTS = ReviewSettings()

@@ -10,8 +10,8 @@ import pytest
 
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
 from aggregator.fleet.state import NodeRecord
-from aggregator.trace.chain import LINK_NAMES, Trace, UnknownNode, UnknownResource, trace
-from aggregator.validations.record import ValidationRecord
+from aggregator.trace.chain import LINK_NAMES, UnknownNode, UnknownResource, trace
+from proto.http import Trace, ValidationRecord
 from proto.inventory import Device, ModuleInfo, NodeSnapshot
 from proto.messages.status import DevicePluginStatus, ResourceStatus
 from proto.policy import Policy

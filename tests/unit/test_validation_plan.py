@@ -17,17 +17,15 @@ from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment
 from aggregator.fleet.state import NodeRecord
 from aggregator.kube.client import KubeSettings
 from aggregator.service import AggregatorSettings
+from aggregator.trace.tested import RECENT_S, data_path_link
 from aggregator.validations.record import (
-    RECENT_S,
     Decision,
     PodView,
     RejectedResult,
-    ValidationRecord,
     ValidationSettings,
     accept_result,
     advance,
     build_pod,
-    data_path_link,
     decide,
     new_record,
 )
@@ -40,6 +38,7 @@ from aggregator.validations.request import (
     parse_request,
 )
 from aggregator.validations.runner import TEMPLATE
+from proto.http import ValidationRecord
 from proto.messages.validation import LatencySummary, PairTestResult, Reason, ValidationResult
 from tests.builders import T0, plugin_status, resource_status
 

@@ -8,17 +8,18 @@ naming it, so one bad node can neither crash evaluation nor silence the other ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
 
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet.state import NodeRecord
+from aggregator.fleet.state import Fleet, NodeRecord
 from aggregator.rules import counters, dataquality, fleetpolicy, links, topology, versions
 from aggregator.rules.catalog import RULE_IDS, SEVERITY_ORDER
 from aggregator.rules.finding import Finding
 from aggregator.rules.peers import PeerRule
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from proto.inventory import NodeSnapshot
 from proto.policy import Policy
 
 Check = Callable[
@@ -154,3 +155,19 @@ def evaluate(
         for finding in run_rule(rule, fleet, policies, cluster, now, thresholds):
             found.setdefault(finding.fingerprint, finding)
     return sorted(found.values(), key=sort_key)
+
+
+def evaluate_snapshots(
+    snapshots: Iterable[NodeSnapshot],
+    policies: tuple[Policy, ...] = (),
+    *,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> list[Finding]:
+    """Every enabled rule over a fleet of `snapshots` alone, as of the newest one (offline
+    `nicfleetctl check`: each snapshot counts as received when it was collected)."""
+    fleet = Fleet()
+    collected = []
+    for snap in snapshots:
+        fleet.apply_snapshot(snap, received_at=snap.collected_at)
+        collected.append(snap.collected_at)
+    return evaluate(fleet.view(), policies, now=max(collected, default=0.0), thresholds=thresholds)

@@ -1,0 +1,142 @@
+"""The aggregator's HTTP API response types: what `/api/v1/*` serves and `nicfleetctl` reads.
+
+The API encodes these Structs and the CLI decodes the same ones, so the two cannot drift.
+Imports only msgspec, the standard library and the wire modules of `proto`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from proto.inventory import Base, NodeSnapshot
+from proto.messages.counters import CounterBatch
+from proto.messages.status import DevicePluginStatus
+from proto.messages.validation import ValidationResult
+
+NodeState = Literal["ready", "stale", "no-snapshot"]
+NODE_STATES: Final[tuple[NodeState, ...]] = ("ready", "stale", "no-snapshot")
+
+
+class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    state: NodeState
+    devices: int
+    ports_total: int
+    ports_active: int
+    ports_down: tuple[str, ...]  # "mlx5_3/1" for every port not ACTIVE/ACTIVE_DEFER
+    link_layers: tuple[str, ...]
+    max_rate_gbps: float | None
+    gpus: int
+    firmware: tuple[str, ...]
+    agent_version: str | None
+    errors: int  # files the agent could not read (device and host level)
+    last_seen: float
+    age_s: float
+
+
+class EventView(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    kind: str
+    device: str | None
+    port: int | None
+    netdev: str | None
+    old_state: str | None
+    new_state: str | None
+    phys_state: str | None
+    observed_at: float
+    received_at: float
+    latency_ms: float  # received_at - observed_at; negative means clock skew
+
+
+class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
+    summary: NodeSummary
+    first_seen: float
+    snapshot: NodeSnapshot | None
+    snapshot_received_at: float | None
+    counters: CounterBatch | None
+    counters_received_at: float | None
+    device_plugin: DevicePluginStatus | None
+    events: tuple[EventView, ...]  # oldest first
+
+
+class ResourceOnNode(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    state: NodeState | None  # None: known to the cluster only, no agent
+    configured: bool  # a policy selecting the node configures the resource
+    advertised: int | None  # None: the agent does not report the resource
+    healthy: int | None
+    registration: str | None
+    allocatable: int | None  # None: no cluster, or the kubelet does not list it
+
+
+class ResourceSummary(msgspec.Struct, frozen=True, kw_only=True):
+    name: str  # rdma/hca_shared_devices_a
+    nodes_selected: int  # configured by a policy or served by the agent
+    nodes_advertising: int  # non-stale nodes advertising > 0
+    capacity: int  # sum of advertised over non-stale nodes
+    healthy: int
+    allocatable: int | None  # sum of node allocatable; None without a cluster
+    zero_nodes: tuple[str, ...]  # selected, not stale, advertising 0 or nothing
+    unhealthy_nodes: tuple[str, ...]  # advertising, but no healthy device (allocatable 0)
+    stale_nodes: tuple[str, ...]
+    nodes: tuple[ResourceOnNode, ...]
+
+
+LinkStatus = Literal["ok", "broken", "unknown"]
+
+
+class Link(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    status: LinkStatus
+    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    cause: str | None = None  # broken links only: the likely cause ...
+    fix: str | None = None  # ... and what to do about it
+
+
+class Trace(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    resource: str
+    checked_at: float
+    ok: bool  # no link is broken (unknown links do not count)
+    first_broken: int | None  # index into links
+    links: tuple[Link, ...]
+
+
+Phase = Literal["pending", "pods-created", "running", "collecting", "done", "failed", "timed-out"]
+
+
+PHASES: Final[tuple[Phase, ...]] = (
+    "pending", "pods-created", "running", "collecting", "done", "failed", "timed-out",
+)  # fmt: skip
+
+
+FINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "failed", "timed-out"})
+
+
+class ValidationRecord(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.stored-validation"
+):
+    """One validation as stored in KV `nicfleet-validations` (key: id) and served."""
+
+    version: int = 1
+    id: str
+    nodes: tuple[str, str]  # (server, client)
+    resource: str
+    network: str | None = None
+    namespace: str
+    runner: str = ""  # the aggregator replica that runs it
+    phase: Phase
+    reason: str | None = None  # why it is where it is (always set once final)
+    passed: bool = False  # done, both sides rdma-path with a pair test result
+    created_at: float
+    updated_at: float
+    phase_since: float
+    finished_at: float | None = None
+    server_ip: str | None = None
+    server: ValidationResult | None = None
+    client: ValidationResult | None = None
+    bytes_per_second: float | None = None  # the best bandwidth either side measured
+    latency_p50_us: float | None = None
+    pods_deleted: bool = False
