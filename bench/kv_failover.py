@@ -1,7 +1,7 @@
 """Benchmark: R3 KV write availability when the stream leader of a 3-server JetStream
 cluster on loopback is SIGKILLed — time from the kill until a put is acknowledged again.
 
-Uses the test cluster launcher (tests/integration/jscluster.py); a fresh cluster per run.
+Uses the test cluster launcher (tests/support/jscluster.py); a fresh cluster per run.
 Never a test. Run from the repo root: PYTHONPATH=. .venv/bin/python bench/kv_failover.py
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import nats
 from nats.errors import Error as NatsError
 
-from tests.integration.jscluster import js_cluster
+from tests.support.jscluster import js_cluster
 
 BUCKET = "bench-r3"
 

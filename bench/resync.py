@@ -35,7 +35,7 @@ from agent.service import AgentService, AgentSettings  # noqa: E402
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from aggregator.service import AggregatorService, AggregatorSettings  # noqa: E402
 from proto import subjects  # noqa: E402
-from tests.integration.faults import AggregatorProcess, free_port  # noqa: E402
+from tests.support.faults import AggregatorProcess, free_port  # noqa: E402
 
 NODE = "bench-resync-01"
 SLOW_CONF = 'max_pending: 1048576\nwrite_deadline: "1s"\n'

@@ -28,8 +28,8 @@ from scale_probes import cpu_s
 
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.bus.permissions import render_mappings_config
-from tests.conftest import wait_until
-from tests.integration.test_shards import Fleetwide, ShardReplica, replica_processes
+from tests.integration.replicas.test_shards import Fleetwide, ShardReplica, replica_processes
+from tests.support.waits import wait_until
 
 SUSTAINED: Final = 0.95
 

@@ -2,7 +2,7 @@
 replicas until the survivors hold every node again and find what they found before.
 
 3-server NATS cluster with the partition mapping, 3 `nicfleet-aggregator run --partitions`
-processes, simulated agents answering resyncs (tests/integration/test_shards.py); a fresh
+processes, simulated agents answering resyncs (tests/integration/replicas/test_shards.py); a fresh
 cluster per run. Never a test. Run: PYTHONPATH=. .venv/bin/python bench/shard_takeover.py
 """
 
@@ -18,9 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aggregator.bus.permissions import render_mappings_config
-from tests.conftest import wait_until
-from tests.integration.jscluster import js_cluster
-from tests.integration.test_shards import (
+from tests.integration.replicas.test_shards import (
     NODES,
     ODD,
     PARTS,
@@ -30,6 +28,8 @@ from tests.integration.test_shards import (
     replica_processes,
     simulated_agents,
 )
+from tests.support.jscluster import js_cluster
+from tests.support.waits import wait_until
 
 
 async def until(check: Fleetwide, predicate: Callable[[], bool], timeout: float) -> None:

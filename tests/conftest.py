@@ -1,20 +1,15 @@
-"""Shared fixtures: a real nats-server on loopback, condition waits, repo paths."""
+"""Shared fixtures: a real nats-server on loopback, root logging restored after each test.
+Helpers the tests import live in tests/support/ (paths, waits, builders, fakes)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
-
-REPO = Path(__file__).resolve().parents[1]
-# Real captured trees and their reference values, kept in the repo (tests/data/*/README.md).
-FIXTURES = REPO / "tests" / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -42,23 +37,3 @@ def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
     """A nats-server for one test, for tests that stop or restart it."""
     with NatsServer(NatsServerSettings(store_dir=tmp_path / "nats-store")) as server:
         yield server
-
-
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]],
-    *,
-    timeout: float = 10.0,
-    interval: float = 0.01,
-    what: str = "condition",
-) -> None:
-    """Poll `predicate` until true; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)

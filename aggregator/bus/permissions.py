@@ -70,7 +70,8 @@ def agent_permissions(node: str, *, partitioned: bool = False) -> Permissions:
     """
     token = subjects.node_token(node)
     # nats-server checks publish permissions on the *mapped* subject (2.15, tested in
-    # tests/integration/test_shards.py): with partitions, its own node's partition subjects.
+    # tests/integration/replicas/test_shards.py): with partitions, its own node's
+    # partition subjects.
     mapped = (subjects.partition_subject("*", token, ">"),) if partitioned else ()
     return Permissions(
         publish_allow=(

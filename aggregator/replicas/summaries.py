@@ -3,7 +3,7 @@ replica's own nodes; peer rules settle each group's fact from its own vote count
 the other live replicas' per-partition counts (`ShardSummary`), then judge its own nodes.
 
 Pure. With every partition counted once, the union of the replicas' findings equals
-`registry.evaluate` over the whole fleet (tests/unit/test_shards.py).
+`registry.evaluate` over the whole fleet (tests/unit/aggregator/replicas/test_shards.py).
 """
 
 from __future__ import annotations

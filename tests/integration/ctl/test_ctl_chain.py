@@ -1,0 +1,130 @@
+"""`nicfleetctl trace` and `nicfleetctl resources` against a real API server (127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+
+from aggregator.ctl.main import cli
+from tests.support.api_fixtures import serve_in_thread
+from tests.support.chain_fixtures import RES, ChainHarness, chain_cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with serve_in_thread(ChainHarness(cluster=chain_cluster()).app()) as url:
+        yield url
+
+
+def ctl(*args: str) -> Result:
+    env: dict[str, str | None] = {"NICFLEET_SERVER": None, "NO_COLOR": None, "FORCE_COLOR": "1"}
+    return CliRunner().invoke(cli, list(args), env=env, prog_name="nicfleetctl")
+
+
+def test_trace_ok_exits_0(server: str) -> None:
+    result = ctl("--server", server, "trace", "gpu-001", RES)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "rdma/ib on gpu-001: chain ok"
+    assert [line.split()[:3] for line in lines[1:4]] == [
+        ["✔", "0", "agent"],
+        ["✔", "1", "adapter"],
+        ["✔", "2", "driver"],
+    ]
+    assert len([line for line in lines if line.startswith(" ✔")]) == 9
+    assert "\x1b" not in result.stdout
+
+
+def test_trace_broken_exits_1_with_cause_and_fix(server: str) -> None:
+    result = ctl("--server", server, "trace", "gpu-002", RES)
+    assert result.exit_code == 1, result.output
+    out = result.stdout
+    assert out.startswith("rdma/ib on gpu-002: broken at link 3 (rdma-device)")
+    assert " ✘ 3 rdma-device      broken  <- first broken link" in out
+    assert "cause: no active port on the selected adapters (mlx5_0/1, mlx5_1/1)" in out
+    assert "fix:   check cable, transceiver and switch port" in out
+    assert '"mlx5_0/1": "DOWN/Disabled InfiniBand"' in out  # evidence of a broken link
+    assert result.stderr == ""
+
+
+def test_trace_json_is_the_api_json_and_keeps_the_exit_code(server: str) -> None:
+    result = ctl("--server", server, "trace", "gpu-002", RES, "-o", "json")
+    assert result.exit_code == 1
+    api = httpx.get(f"{server}/api/v1/trace", params={"node": "gpu-002", "resource": RES})
+    assert json.loads(result.stdout) == api.json()
+
+
+def test_trace_wide_shows_evidence_of_every_link(server: str) -> None:
+    result = ctl("--server", server, "trace", "gpu-001", RES, "-o", "wide")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("evidence:") == 10  # with the tested-data-path link
+    assert '"registration": "registered"' in result.stdout
+
+
+def test_trace_unknown_node_and_resource_exit_1(server: str) -> None:
+    node = ctl("--server", server, "trace", "gpu-01", RES)
+    assert node.exit_code == 1
+    assert "Error: unknown node 'gpu-01'; did you mean: gpu-001" in node.stderr
+    resource = ctl("--server", server, "trace", "gpu-001", "rdma/ibb")
+    assert resource.exit_code == 1
+    assert "'rdma/ibb' is neither configured nor served on 'gpu-001'" in resource.stderr
+    assert "known here: rdma/ib" in resource.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["trace", "GPU_1", RES], id="invalid-node"),
+        pytest.param(["trace", "gpu-001", "ib"], id="bare-resource"),
+        pytest.param(["trace", "gpu-001"], id="missing-resource"),
+        pytest.param(["trace", "gpu-001", RES, "-o", "xml"], id="bad-output"),
+        pytest.param(["resources", "--node", "Bad_Node"], id="resources-invalid-node"),
+        pytest.param(["resources", "--name", "nope"], id="resources-bad-name-from-server"),
+    ],
+)
+def test_bad_input_exits_2(server: str, args: list[str]) -> None:
+    result = ctl("--server", server, *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_unreachable_exits_3() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for args in (["trace", "gpu-001", RES], ["resources"]):
+        result = ctl("--server", url, *args)
+        assert result.exit_code == 3
+        assert f"cannot reach nicfleet aggregator at {url}" in result.stderr
+
+
+def test_resources_table_and_wide(server: str) -> None:
+    result = ctl("--server", server, "resources")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "RESOURCE", "NODES", "CAPACITY", "HEALTHY", "ALLOCATABLE", "ZERO", "UNHEALTHY",
+    ]  # fmt: skip
+    assert lines[1].split() == ["rdma/ib", "2/2", "4", "2", "4", "0", "1"]
+    wide = ctl("--server", server, "resources", "-o", "wide", "--node", "gpu-002")
+    assert wide.exit_code == 0, wide.output
+    rows = [line.split() for line in wide.stdout.splitlines()]
+    assert ["rdma/ib", "gpu-002", "ready", "2", "0", "2", "registered"] in rows
+    assert not any("gpu-001" in row for row in rows)
+
+
+def test_resources_json_and_empty(server: str) -> None:
+    result = ctl("--server", server, "resources", "-o", "json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == httpx.get(f"{server}/api/v1/resources").json()
+    empty = ctl("--server", server, "resources", "--name", "rdma/none")
+    assert empty.exit_code == 0
+    assert empty.stdout == ""
+    assert "No resources found." in empty.stderr
