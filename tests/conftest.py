@@ -12,6 +12,16 @@ import pytest
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 
 
+# Fixtures that start a real server: a test using one is an integration test wherever it lives.
+SERVER_FIXTURES = frozenset({"nats_server", "own_nats"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(autouse=True)
 def _restore_root_logging() -> Iterator[None]:
     """CLI commands run in-process (CliRunner) configure the root logger for the whole
