@@ -15,17 +15,20 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
 from agent import __version__
-from agent.deviceplugin.manager import (
+from agent.deviceplugin.advertised import (
     DEFAULT_CDI_DIR,
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_PLUGINS_REGISTRY_DIR,
     DevicePluginSettings,
 )
+from agent.deviceplugin.configsource import config_sources
 from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.host.inventory import collect_snapshot
@@ -38,7 +41,8 @@ from agent.service import AgentService, AgentSettings, with_verbs
 from agent.verify.cli import verify
 from proto.codec import to_json
 from proto.dpconfig import ConfigError, parse_device_plugin_config
-from proto.runtime.logs import FORMATS, LEVELS, LogFormat, configure_logging, tag_node
+from proto.runtime.cliopts import log_options, output_option
+from proto.runtime.logs import LogFormat, configure_logging, tag_node
 from proto.runtime.natsconnect import NatsClientSecurity
 from proto.runtime.natsflags import nats_security_options
 from proto.subjects import InvalidNodeName, validate_node_name
@@ -107,20 +111,7 @@ def _host_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nicfleet-agent")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@click.option(
-    "--log-level",
-    type=click.Choice(LEVELS, case_sensitive=False),
-    envvar="NICFLEET_LOG_LEVEL",
-    help="Log level (overrides -v). Default: warning; info for `run`.",
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(FORMATS),
-    default="auto",
-    show_default=True,
-    envvar="NICFLEET_LOG_FORMAT",
-    help="json: one JSON object per line; text; auto: text on a terminal, else JSON.",
-)
+@log_options(level_default="warning; info for `run`")
 @click.pass_context
 def main(ctx: click.Context, verbose: int, log_level: str | None, log_format: LogFormat) -> None:
     """nicfleet per-node agent: reads every RDMA adapter on this host from sysfs,
@@ -132,14 +123,7 @@ def main(ctx: click.Context, verbose: int, log_level: str | None, log_format: Lo
 
 @main.command()
 @_host_options
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["json"]),
-    default="json",
-    show_default=True,
-    help="Output format.",
-)
+@output_option("json", help="Output format.")
 def snapshot(
     sysfs_root: Path, node_name: str | None, verbs: str, verbs_path: Path | None, output: str
 ) -> None:
@@ -270,79 +254,103 @@ def _check_metrics_addr(
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port; "
     "IPv6 as [::1]:9101). Default: off.",
 )
-def run(
-    nats_url: str,
-    nats_security: NatsClientSecurity,
-    sysfs_root: Path,
-    node_name: str | None,
-    verbs: str,
-    verbs_path: Path | None,
-    counter_interval: float,
-    counter_full_every: int,
-    state_poll_interval: float | None,
-    inventory_interval: float,
-    netns: str | None,
-    no_netlink: bool,
-    device_plugin_config: Path | None,
-    device_plugin_enabled: bool,
-    desired_config: bool,
-    device_plugin_dir: Path,
-    plugins_registry_dir: Path,
-    registration_mode: RegistrationMode,
-    cdi: bool,
-    cdi_dir: Path,
-    no_topology: bool,
-    metrics_addr: tuple[str, int] | None,
-) -> None:
+def run(**flags: Any) -> None:
     """Publish a snapshot on start, counters every second and link events as they happen."""
-    if netns is not None:
-        if no_netlink:
-            _fail("--netns: has no effect together with --no-netlink")
-        try:
-            netns_path(netns)
-        except NetlinkUnavailable as exc:
-            _fail(f"--netns: {exc}")
-    if device_plugin_config is not None:
-        try:  # a config that is broken at start is an error; later edits are only logged
-            parse_device_plugin_config(
-                device_plugin_config.read_bytes(), source=str(device_plugin_config)
-            )
-        except (OSError, ConfigError) as exc:
-            _fail(f"--device-plugin-config: {exc}")
-    settings = AgentSettings(
-        node_name=_node_name(node_name),
-        sysfs_root=sysfs_root,
-        nats_url=nats_url,
-        nats_security=nats_security,
-        counter_interval=counter_interval,
-        counter_full_every=counter_full_every,
-        state_poll_interval=state_poll_interval
-        if state_poll_interval is not None
-        else (0.05 if device_plugin_config is not None or device_plugin_enabled else 0.1),
-        inventory_interval=inventory_interval,
-        netlink=not no_netlink,
-        netns=netns,
-        verbs=_probe_verbs(verbs, sysfs_root),
-        verbs_path=verbs_path,
-        device_plugin_config=device_plugin_config,
-        device_plugin_enabled=device_plugin_enabled,
-        desired_config=desired_config,
-        device_plugin=DevicePluginSettings(
-            device_plugin_dir=device_plugin_dir,
-            plugins_registry_dir=plugins_registry_dir,
-            registration_mode=registration_mode,
-            cdi=cdi,
-            cdi_dir=cdi_dir,
-            topology=not no_topology,
-        ),
-        metrics_addr=metrics_addr,
+    given = RunFlags(**flags)
+    _check_run_flags(given)
+    settings = agent_settings(
+        given,
+        node_name=_node_name(given.node_name),
+        verbs=_probe_verbs(given.verbs, given.sysfs_root),
     )
-    _sysfs(sysfs_root)  # fail fast, before any connection attempt
+    _sysfs(given.sysfs_root)  # fail fast, before any connection attempt
     explicit = click.get_current_context().meta.get("nicfleet.log_level_set", False)
     if logging.getLogger().level > logging.INFO and not explicit:
         logging.getLogger().setLevel(logging.INFO)
     tag_node(settings.node_name)
     asyncio.run(_serve(settings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFlags:
+    """The options of `run`, as click parses them (one field per option)."""
+
+    nats_url: str
+    nats_security: NatsClientSecurity
+    sysfs_root: Path
+    node_name: str | None
+    verbs: str
+    verbs_path: Path | None
+    counter_interval: float
+    counter_full_every: int
+    state_poll_interval: float | None
+    inventory_interval: float
+    netns: str | None
+    no_netlink: bool
+    device_plugin_config: Path | None
+    device_plugin_enabled: bool
+    desired_config: bool
+    device_plugin_dir: Path
+    plugins_registry_dir: Path
+    registration_mode: RegistrationMode
+    cdi: bool
+    cdi_dir: Path
+    no_topology: bool
+    metrics_addr: tuple[str, int] | None
+
+
+def _check_run_flags(flags: RunFlags) -> None:
+    """Refuse, with one message and exit 2, what cannot work: checked before settings."""
+    if flags.netns is not None:
+        if flags.no_netlink:
+            _fail("--netns: has no effect together with --no-netlink")
+        try:
+            netns_path(flags.netns)
+        except NetlinkUnavailable as exc:
+            _fail(f"--netns: {exc}")
+    if flags.device_plugin_config is not None:
+        path = flags.device_plugin_config
+        try:  # a config that is broken at start is an error; later edits are only logged
+            parse_device_plugin_config(path.read_bytes(), source=str(path))
+        except (OSError, ConfigError) as exc:
+            _fail(f"--device-plugin-config: {exc}")
+
+
+def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSettings:
+    """Pure: the agent's settings from `run`'s options (node name and verbs resolved)."""
+    plugin = config_sources(
+        config_file=flags.device_plugin_config,
+        plugin_enabled=flags.device_plugin_enabled,
+        desired_config=flags.desired_config,
+    ).plugin
+    # With the device plugin on, a dead port must turn Unhealthy within 100 ms.
+    poll = flags.state_poll_interval
+    return AgentSettings(
+        node_name=node_name,
+        sysfs_root=flags.sysfs_root,
+        nats_url=flags.nats_url,
+        nats_security=flags.nats_security,
+        counter_interval=flags.counter_interval,
+        counter_full_every=flags.counter_full_every,
+        state_poll_interval=poll if poll is not None else (0.05 if plugin else 0.1),
+        inventory_interval=flags.inventory_interval,
+        netlink=not flags.no_netlink,
+        netns=flags.netns,
+        verbs=verbs,
+        verbs_path=flags.verbs_path,
+        device_plugin_config=flags.device_plugin_config,
+        device_plugin_enabled=flags.device_plugin_enabled,
+        desired_config=flags.desired_config,
+        device_plugin=DevicePluginSettings(
+            device_plugin_dir=flags.device_plugin_dir,
+            plugins_registry_dir=flags.plugins_registry_dir,
+            registration_mode=flags.registration_mode,
+            cdi=flags.cdi,
+            cdi_dir=flags.cdi_dir,
+            topology=not flags.no_topology,
+        ),
+        metrics_addr=flags.metrics_addr,
+    )
 
 
 async def _serve(settings: AgentSettings) -> None:

@@ -1,22 +1,54 @@
 """The agent's exception tree and the log of per-file read errors.
 
 Readers translate OS errors into these at their boundary (`raise X(...) from exc`); the
-shell decides what is fatal; retryable vs permanent is a type, never a string. No I/O.
+shell decides what is fatal. Retryable vs permanent is the class attribute `retryable`
+(False unless the class line says `retryable=True`), never a string or a marker class.
+Classes keep a builtin base where callers catch it. No I/O. tests/unit/agent/test_errors.py
+checks this tree, and its (retryable) marks, against the code.
 
     AgentError
-    ├── SysfsRootError      the --sysfs-root is missing or is not a sysfs tree (permanent)
-    ├── ReadFailed          one file could not be read (per file: record it, go on)
-    │   └── CollectionTimeout  a whole collection kept blocking in the kernel (retry later)
-    └── ParseError          a file's text is not in the kernel's format (also a ValueError)
+    ├── SysfsRootError        the --sysfs-root is missing or is not a sysfs tree
+    ├── ReadFailed            one file could not be read (per file: record it, go on)
+    │   └── CollectionTimeout   a whole collection kept blocking in the kernel (retryable)
+    ├── ParseError            a file's text is not in the kernel's format (also a ValueError)
+    │   └── HeaderOnly          only the unprivileged 64-byte PCI config header was readable
+    ├── NetlinkUnavailable    netlink cannot be used (no permission, no netns, socket lost)
+    ├── RegistrationFailed    the kubelet did not accept a device-plugin registration (retryable)
+    ├── ServeError            a device-plugin socket could not be served (retryable)
+    ├── InvalidRequest        a kubelet device request that cannot be honoured (a ValueError)
+    ├── PublishFailed         a verify result could not reach NATS before its deadline
+    ├── HandshakeError        the verify peer broke the handshake
+    ├── RdmaTestError         the verify queue pair could not be set up or a transfer failed
+    ├── PerftestParseError    perftest output with no result table (a ValueError)
+    ├── SpecError             a lab node spec that cannot be loaded (a ValueError)
+    ├── FaultError            a lab fault whose target does not exist (a ValueError)
+    ├── RenderError           a lab tree cannot be written where asked
+    └── LabInputError         bad `nicfleet-agent lab` arguments (a click.ClickException)
+
+Outside the tree on purpose: `agent.host.deadlines.ReadAbandoned` is a BaseException that
+ends a worker thread stuck in a read, so that no `except Exception` on the way stops it.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from proto.inventory import ReadError
 
 
 class AgentError(Exception):
-    """Base of every error the agent raises on purpose."""
+    """Base of every error the agent raises on purpose.
+
+    `retryable` is a property of the class: a subclass that may succeed when tried again
+    says so in its class line (`class X(AgentError, retryable=True)`).
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, *, retryable: bool | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if retryable is not None:
+            cls.retryable = retryable
 
 
 class SysfsRootError(AgentError):
@@ -44,7 +76,7 @@ class ReadFailed(AgentError):
         return ReadError(path=self.path, error=self.error)
 
 
-class CollectionTimeout(ReadFailed):
+class CollectionTimeout(ReadFailed, retryable=True):
     """Reads kept blocking past the time bound, more often than a collection retries.
 
     `path` names the last file a read was stuck on ("/" when none was in flight).

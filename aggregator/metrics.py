@@ -22,12 +22,14 @@ RECONCILE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class IngestCounts(Collector):
-    """Node messages accepted, by kind: plain ints the ingest bumps (`by_kind[kind] += 1`;
-    at 10,000 messages a second a prometheus Counter's lock cost ~2.5 µs each), exported
-    at scrape time as the counter `nicfleet_ingest_messages{kind}`."""
+    """Node messages applied to the fleet, by kind, and ignored by it, by kind and reason:
+    plain ints the ingest bumps (`by_kind[kind] += 1`; at 10,000 messages a second a
+    prometheus Counter's lock cost ~2.5 µs each), exported at scrape time as the counters
+    `nicfleet_ingest_messages{kind}` and `nicfleet_ingest_ignored{kind,reason}`."""
 
     def __init__(self) -> None:
         self.by_kind: dict[str, int] = dict.fromkeys(subjects.NODE_KINDS, 0)
+        self.ignored: dict[tuple[str, str], int] = {}  # (kind, reason) -> count
 
     @classmethod
     def registered(cls, registry: CollectorRegistry) -> IngestCounts:
@@ -35,16 +37,32 @@ class IngestCounts(Collector):
         registry.register(counts)
         return counts
 
+    def ignore(self, kind: str, reason: str) -> None:
+        key = (kind, reason)
+        self.ignored[key] = self.ignored.get(key, 0) + 1
+
     def describe(self) -> Iterator[Metric]:
         return self.collect()
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
-            "nicfleet_ingest_messages", "Node messages accepted, by kind.", labels=["kind"]
+            "nicfleet_ingest_messages",
+            "Node messages applied to the fleet view, by kind (ignored and rejected ones"
+            " are counted apart).",
+            labels=["kind"],
         )
         for kind, count in self.by_kind.items():
             family.add_metric([kind], count)
         yield family
+        ignored = CounterMetricFamily(
+            "nicfleet_ingest_ignored",
+            "Node messages decoded but not applied, by kind and reason (older, duplicate,"
+            " unmatched-delta).",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), count in sorted(self.ignored.items()):
+            ignored.add_metric([kind, reason], count)
+        yield ignored
 
 
 @dataclass(frozen=True)
@@ -65,7 +83,8 @@ class Metrics:
             messages=IngestCounts.registered(reg),
             rejected=Counter(
                 "nicfleet_ingest_rejected",
-                "Node messages dropped, by kind and reason (subject, decode, node-mismatch).",
+                "Node messages dropped before reaching the fleet view, by kind and reason"
+                " (subject, decode, node-mismatch).",
                 ["kind", "reason"],
                 registry=reg,
             ),

@@ -1,7 +1,9 @@
 """The aggregator process: owns NATS (embedded or remote), the fleet, storage and the API.
 
-Start order: embedded nats-server (when no URL is given) → NATS connection → KV bucket
-→ fleet rebuilt from KV → subscriptions → HTTP API → ready file. Stop reverses it.
+Start order (docs/architecture.md): embedded nats-server (when no URL is given) → NATS
+connection → KV bucket → fleet rebuilt from KV (or, sharded, partitions taken) → policies,
+leader election, reconciler, alerts, validations → HTTP API → ready file. Every resource is
+entered into one AsyncExitStack, so stopping (or a failed start) closes them in reverse.
 All long-running work lives in one TaskGroup; `stop` ends it.
 """
 
@@ -9,80 +11,56 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
+import functools
 import json
 import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import nats
 from aiohttp import web
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
-from nats.errors import SlowConsumerError
 
 from aggregator.alerts.engine import AlertEngine, Evaluate
-from aggregator.alerts.wiring import AlertWiring, NodeEvents, open_alert_engine
+from aggregator.alerts.wiring import AlertWiring
 from aggregator.api.alerts import add_alert_routes
 from aggregator.api.app import ApiSettings, build_app
 from aggregator.api.auth import ApiAuth
-from aggregator.api.shards import add_shard_routes
 from aggregator.api.statuspage import add_ui_routes
 from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
 from aggregator.api.validations import add_validation_routes
-from aggregator.bus.natsserver import NatsServer, NatsServerSettings
-from aggregator.bus.resync import ResyncRequester, ResyncSettings
-from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.errors import KubeError, SettingsError, StoreError
+from aggregator.bus.natsserver import NatsServerSettings
+from aggregator.bus.resyncrequest import ResyncRequester, ResyncRequestSettings
+from aggregator.errors import KubeError
 from aggregator.fleet.changefeed import ChangeFeed
 from aggregator.fleet.ingest import Ingest
-from aggregator.fleet.state import Fleet, nodes_by_state
-from aggregator.fleet.store import (
-    SnapshotWriter,
-    StoredNode,
-    ensure_buckets,
-    load_nodes,
-    open_bucket,
-)
+from aggregator.fleet.state import Fleet
+from aggregator.fleet.store import SnapshotWriter, ensure_buckets, open_bucket
+from aggregator.fleet.views import nodes_by_state
 from aggregator.kube.client import KubeClient, KubeSettings
-from aggregator.kube.watch import ClusterWatcher
 from aggregator.metrics import Metrics
 from aggregator.reconcile.apply import ConfigStore, open_config_bucket
 from aggregator.reconcile.loop import Reconciler, ReconcileSettings
 from aggregator.reconcile.nvidia import audit_nic_cluster_policy
-from aggregator.reconcile.policies import ClusterPolicies, FilePolicies, PolicySource
-from aggregator.replicas.alerts import AlertScope, open_sharded_alert_engine
-from aggregator.replicas.leader import (
-    LEADER_BUCKET,
-    KubeLease,
-    LeaderElector,
-    LeaderSettings,
-    LeaseStore,
-    NatsLease,
-)
-from aggregator.replicas.owner import ShardOwner
+from aggregator.replicas.leader import LEADER_BUCKET, LeaderElector, LeaderSettings
 from aggregator.replicas.partitions import ShardSettings
-from aggregator.replicas.wholefleet import WholeFleet
 from aggregator.rules.finding import Finding
+from aggregator.runtime import parts
+from aggregator.runtime.parts import Bus, Cluster, Runtime, ServiceNotStarted
+from aggregator.runtime.strategy import AlertWires, Intake, advertised_api_url, choose_replica
 from aggregator.validations.record import ValidationSettings
 from aggregator.validations.runner import (
     KV_VALIDATIONS,
     TEMPLATE,
     ValidationRunner,
-    ValidationStore,
-    load_template,
 )
 from proto import subjects
 from proto.messages.alerts import Alert
 from proto.messages.control import ResyncReason
 from proto.policy import Policy
-from proto.runtime.natsconnect import NO_SECURITY, NatsClientSecurity, connect_options
+from proto.runtime.natsconnect import NO_SECURITY, NatsClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +109,7 @@ class AggregatorSettings:
     validation: ValidationSettings = field(default_factory=ValidationSettings)
     validation_template: Path = TEMPLATE
     # Resync requests to the agents after start/reconnect/dropped messages (docs/wire.md).
-    resync: ResyncSettings = field(default_factory=ResyncSettings)
+    resync: ResyncRequestSettings = field(default_factory=ResyncRequestSettings)
     # --partitions: one replica of a sharded aggregator (docs/scaling.md); 0: all nodes here.
     shards: ShardSettings = field(default_factory=ShardSettings)
 
@@ -148,300 +126,214 @@ class AggregatorService:
         self.clock = clock
         self.metrics = Metrics.create()
         self.fleet = Fleet()
-        self.nats_url: str | None = settings.nats_url
-        self.api_url: str | None = None
-        self._nc: NatsClient | None = None
-        self._writer: SnapshotWriter | None = None
-        self._loaded = False
         self.ready = asyncio.Event()
         # Every accepted node message is announced here; loops that react to the fleet
         # (rules, reconcile) subscribe instead of polling.
         self.changes = ChangeFeed()
-        self.reconciler: Reconciler | None = None  # set once NATS is up (run)
         self._rules = rules
-        self.alerts: AlertEngine | None = None  # set once NATS is up (run)
-        self.leader: LeaderElector | None = None  # set once NATS is up (run)
-        self.watcher: ClusterWatcher | None = None  # set when a cluster is configured
-        self._policy_source: PolicySource | None = None
-        self._kube: KubeClient | None = None
-        self.token_reviewer: TokenReviewer | None = None  # with settings.api_token_review
-        self.validations: ValidationRunner | None = None  # set once NATS is up (run)
-        self.resync: ResyncRequester | None = None  # set once node messages are subscribed
-        self.shard: ShardOwner | None = None  # sharded: this replica's partitions (run)
-        self._advertised: str | None = None  # the API URL in the shard heartbeat
-        # Sharded: every finding this replica computed (its alerts: only the owned ones).
-        self._computed: Callable[[], Sequence[Finding]] = self._findings
         # Read-only audit of an NVIDIA Network Operator NicClusterPolicy, when one exists.
         self.nvidia_findings: tuple[Finding, ...] = ()
+        self._runtime: Runtime | None = None  # `runtime`: published once the API is up
+        self._startup = "not connected to NATS"  # the readiness reason until then
+        # In a pod, the hostname resolves to the pod IP (/etc/hosts); looked up once.
+        self._host_address = functools.cache(parts.this_host_address)
         self.metrics.watch_fleet(
             lambda: nodes_by_state(self.fleet, clock(), settings.stale_after),
             alerts=self._firing_alerts,
             findings=self._findings,
         )
 
+    @property
+    def runtime(self) -> Runtime:
+        """What `run` opened, from `ready` on (kept after stop, for inspection);
+        ServiceNotStarted before."""
+        if self._runtime is None:
+            raise ServiceNotStarted("the aggregator is not started yet: await `ready` first")
+        return self._runtime
+
+    @property
+    def api_url(self) -> str:
+        return self.runtime.api_url
+
+    @property
+    def leader(self) -> LeaderElector:
+        return self.runtime.leader
+
+    @property
+    def alerts(self) -> AlertEngine:
+        return self.runtime.alerts
+
+    @property
+    def reconciler(self) -> Reconciler:
+        return self.runtime.reconciler
+
+    @property
+    def resync(self) -> ResyncRequester:
+        return self.runtime.bus.resync
+
+    @property
+    def token_reviewer(self) -> TokenReviewer | None:
+        return self.runtime.token_reviewer
+
     def readiness(self) -> tuple[bool, str]:
-        if self._nc is None or not self._nc.is_connected:
+        if self._runtime is None:
+            return False, self._startup
+        bus = self._runtime.bus
+        if not bus.nc.is_connected:
             return False, "not connected to NATS"
-        if not self._loaded:
-            return False, "fleet not yet rebuilt from KV"
-        if self._writer is not None and not self._writer.healthy:
-            return False, self._writer.last_error or "KV writes failing"
+        if not bus.writer.healthy:
+            return False, bus.writer.last_error or "KV writes failing"
         return True, "ok"
 
     async def run(self, stop: asyncio.Event) -> None:
-        embedded: NatsServer | None = None
-        runner: web.AppRunner | None = None
-        try:
-            if self.nats_url is None:
-                embedded = NatsServer(
-                    NatsServerSettings(
-                        store_dir=self.settings.nats_store_dir,
-                        config_file=self.settings.nats_server_config,
-                    )
-                )
-                await asyncio.to_thread(embedded.start)
-                self.nats_url = embedded.url
-                log.info("embedded nats-server listening on %s", self.nats_url)
-            nc = await self._connect(stop)
-            if nc is None:
-                return
-            if self.settings.kv_replicas > 1:  # one copy: the openers below create them
-                await ensure_buckets(nc.jetstream(), KV_BUCKETS, replicas=self.settings.kv_replicas)
-            kv = await open_bucket(nc.jetstream())
-            self._writer = SnapshotWriter(kv, self.metrics)
-            ingest = Ingest(
-                fleet=self.fleet,
-                metrics=self.metrics,
-                clock=self.clock,
-                on_snapshot=self._writer.submit,
-                on_change=self.changes.publish,
-            )
-            count = 0
-            sharded = bool(self.settings.shards.partitions)  # its partitions' nodes: ShardOwner
-            async for stored in load_nodes(kv) if not sharded else _no_nodes():
-                self.fleet.apply_snapshot(stored.snapshot, stored.received_at)
-                count += 1
-            self._loaded = True
-            log.info("rebuilt %d nodes from KV %s", count, subjects.KV_NODES)
-            # What was loaded lives long: keep it out of the cyclic collector's full passes
-            # (at 10k nodes those pauses were seconds long; refcounting still frees it).
-            gc.freeze()
-
-            async def on_message(msg: Msg) -> None:
-                ingest.handle(msg.subject, msg.data)
-
-            if not sharded:  # sharded: ShardOwner subscribes to its partitions
-                await nc.subscribe(
-                    subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000
-                )
-            # Changes published while we were away (or loading) are only re-sent on request.
-            self.resync = ResyncRequester(
-                nc, self.settings.resync, nodes=lambda: len(self.fleet), clock=self.clock
-            )
-            if not sharded:  # sharded: each partition taken asks its own agents
-                self.resync.request("start")
-            if sharded:  # docs/scaling.md
-                resync, parts = self.resync, self.settings.shards.partitions
-                self.shard = ShardOwner(
-                    nc, self.settings.shards, identity=self.settings.identity, fleet=self.fleet,
-                    nodes_kv=kv, handle=ingest.handle, on_change=self.changes.publish,
-                    resync=lambda held: resync.request_partitions(held, parts), clock=self.clock,
-                    extra=lambda: self.nvidia_findings, api_url=self._advertised_api_url,
-                    stale_after=self.settings.stale_after,
-                )  # fmt: skip
-                await self.shard.start()
-            config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
-            policy_source: PolicySource
-            lease: LeaseStore
-            cluster: Callable[[], ClusterView] = _no_cluster
-            if self.settings.kube is not None:
-                kube = self._kube = await KubeClient.connect(self.settings.kube)
-                watcher = self.watcher = ClusterWatcher(kube)
-                policy_source = ClusterPolicies(watcher)
-                cluster = watcher.cluster_view
-                lease = KubeLease(kube, self.settings.leader_ttl)
-            else:
-                kube = None
-                policy_source = FilePolicies(
-                    self.settings.policy_file,
-                    self.settings.policies,
-                    interval=self.settings.policy_watch_interval,
-                )
-                lease = await NatsLease.open(nc.jetstream(), self.settings.leader_ttl)
-            self._policy_source = policy_source
-            leader = self.leader = LeaderElector(
-                lease,
-                LeaderSettings(identity=self.settings.identity, ttl_s=self.settings.leader_ttl),
-            )
-            # Sharded (docs/scaling.md, "Writes"): the leader plans desired config and status
-            # over the whole fleet (its own nodes + KV `nicfleet-nodes`) once it has read it.
-            whole = (
-                WholeFleet(self.fleet, self.clock, stale_elsewhere=self.shard.stale_elsewhere)
-                if self.shard is not None
-                else None
-            )
-            writes: Callable[[], bool] = (
-                (lambda: leader.is_leader and whole.synced)
-                if whole is not None
-                else (lambda: leader.is_leader)
-            )
-            self.reconciler = Reconciler(
-                ReconcileSettings(
-                    stale_after=self.settings.stale_after, tick=self.settings.reconcile_tick
-                ),
-                fleet=whole if whole is not None else self.fleet,
-                changes=self.changes.subscribe(),
-                policies=policy_source,
-                store=config_store,
-                kube=kube,
-                cluster=cluster,
-                is_leader=writes,
-                observed_generation=self._observed_generation,
-                clock=self.clock,
-                observer=self.metrics,
-            )
-            shard = self.shard
-            if shard is not None and self._rules is None:  # each replica: its own nodes
-                scope = AlertScope(
-                    self.settings.shards.partitions,
-                    held=lambda: shard.held,
-                    leading=lambda: leader.is_leader,
-                    clock=self.clock,
-                    grace_s=self.settings.alerts.engine.startup_grace_s,
-                )
-                self.alerts = await open_sharded_alert_engine(
-                    nc=nc, fleet=self.fleet, changes=self.changes.subscribe(),
-                    policies=lambda: policy_source.current().policies, cluster=cluster,
-                    registry=self.metrics.registry, clock=self.clock,
-                    wiring=self.settings.alerts, evaluate=shard.rules.evaluate,
-                    timings=shard.rules.timings, scope=scope,
-                    events=NodeEvents(kube) if kube is not None else None,
-                )  # fmt: skip
-                self._computed = lambda: scope.computed
-            else:
-                self.alerts = await open_alert_engine(
-                    nc=nc,
-                    fleet=self.fleet,
-                    changes=self.changes.subscribe(),
-                    policies=lambda: policy_source.current().policies,
-                    cluster=cluster,
-                    registry=self.metrics.registry,
-                    clock=self.clock,
-                    wiring=self.settings.alerts,
-                    evaluate=self._rules,  # None: every rule (a sharded replica: above)
-                    events=NodeEvents(kube) if kube is not None else None,
-                    extra_findings=lambda: self.nvidia_findings,
-                    is_leader=writes,
-                )
-            self.validations = ValidationRunner(
-                kube=kube,
-                namespace=self.settings.kube.validation_namespace if self.settings.kube else "",
-                nc=nc,
-                store=await ValidationStore.open(nc, keep=self.settings.validation.keep),
-                settings=self.settings.validation,
-                # Pods are made only with a cluster and a template; else POST answers 503.
-                template=self._validation_template() if kube else None,
-                identity=self.settings.identity,
-                clock=self.clock,
-                registry=self.metrics.registry,
-            )
-            runner = await self._start_api(cluster)
-            self._write_ready_file()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self._remove_ready_file)  # last out: after the nats-server
+            bus = await self._open_bus(stack, stop)
+            if bus is None:
+                return  # stopped before NATS answered
+            runtime = await self._open(stack, bus)
+            self._runtime = runtime
+            self._write_ready_file(runtime)
+            stack.callback(self.ready.clear)  # first out
             self.ready.set()
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._writer.run(stop))
-                tasks.create_task(self.resync.run(stop))
-                if self.shard is not None:
-                    tasks.create_task(self.shard.run(stop))
-                if whole is not None:
-                    tasks.create_task(whole.run(stop, leader.leading, kv, nc))
-                tasks.create_task(policy_source.run(stop))
-                tasks.create_task(leader.run(stop))
-                if self.watcher is not None:
-                    tasks.create_task(self.watcher.run(stop))
-                if kube is not None:
-                    tasks.create_task(self._audit_nvidia_policy(kube, stop))
-                tasks.create_task(self.reconciler.run(stop))
-                tasks.create_task(self.alerts.run(stop))
-                tasks.create_task(self.validations.run(stop))
-        finally:
-            self.ready.clear()
-            if runner is not None:
-                await runner.cleanup()
-            if self._nc is not None and not self._nc.is_closed:
-                try:
-                    await self._nc.drain()
-                except (TimeoutError, NatsError, OSError):
-                    await self._nc.close()
-            if self._kube is not None:
-                await self._kube.close()
-            if embedded is not None:
-                await asyncio.to_thread(embedded.close)
-            if self.settings.ready_file is not None:
-                self.settings.ready_file.unlink(missing_ok=True)
+                self._start_tasks(runtime, tasks, stop)
 
-    async def _connect(self, stop: asyncio.Event) -> NatsClient | None:
-        assert self.nats_url is not None
-        connected = self.metrics.nats_connected
+    async def _open_bus(self, stack: contextlib.AsyncExitStack, stop: asyncio.Event) -> Bus | None:
+        settings = self.settings
+        url = settings.nats_url
+        if url is None:  # start our own
+            embedded = NatsServerSettings(
+                store_dir=settings.nats_store_dir, config_file=settings.nats_server_config
+            )
+            url = await parts.start_embedded(stack, embedded)
+        nc = await parts.connect(
+            url, settings.nats_security, stop=stop,
+            connected=self.metrics.nats_connected, ask_resync=self._ask_resync,
+        )  # fmt: skip
+        if nc is None:
+            return None
+        parts.closing(stack, "NATS connection", functools.partial(parts.close_nats, nc))
+        self._startup = "fleet not yet rebuilt from KV"
+        if settings.kv_replicas > 1:  # one copy: the openers below create them
+            await ensure_buckets(nc.jetstream(), KV_BUCKETS, replicas=settings.kv_replicas)
+        kv = await open_bucket(nc.jetstream())
+        writer = SnapshotWriter(kv, self.metrics)
+        ingest = Ingest(
+            fleet=self.fleet,
+            metrics=self.metrics,
+            clock=self.clock,
+            on_snapshot=writer.submit,
+            on_change=self.changes.publish,
+        )
+        resync = ResyncRequester(
+            nc, settings.resync, nodes=lambda: len(self.fleet), clock=self.clock
+        )
+        return Bus(nats_url=url, nc=nc, nodes_kv=kv, writer=writer, ingest=ingest, resync=resync)
 
-        async def up() -> None:
-            connected.set(1)
-            log.info("reconnected to NATS")
-            self._ask_resync("reconnect")  # whatever arrived while cut off is lost
+    async def _open(self, stack: contextlib.AsyncExitStack, bus: Bus) -> Runtime:
+        settings, nc = self.settings, bus.nc
+        replica = await choose_replica(settings.shards).open(
+            Intake(
+                nc=nc, nodes_kv=bus.nodes_kv, fleet=self.fleet, ingest=bus.ingest,
+                resync=bus.resync, changes=self.changes, shards=settings.shards,
+                identity=settings.identity, stale_after=settings.stale_after, clock=self.clock,
+                extra=lambda: self.nvidia_findings, api_url=self._advertised_api_url,
+            )
+        )  # fmt: skip
+        config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
+        cluster = await parts.open_cluster(
+            stack, nc, settings.kube, policy_file=settings.policy_file,
+            policies=settings.policies, policy_watch_interval=settings.policy_watch_interval,
+            leader_ttl=settings.leader_ttl,
+        )  # fmt: skip
+        leader = LeaderElector(
+            cluster.lease, LeaderSettings(identity=settings.identity, ttl_s=settings.leader_ttl)
+        )
+        writes = replica.writes(leader)
+        reconciler = Reconciler(
+            ReconcileSettings(stale_after=settings.stale_after, tick=settings.reconcile_tick),
+            fleet=replica.planned, changes=self.changes.subscribe(), policies=cluster.policies,
+            store=config_store, kube=cluster.kube, cluster=cluster.view, is_leader=writes,
+            observed_generation=functools.partial(parts.observed_generation, cluster.watcher),
+            clock=self.clock, observer=self.metrics,
+        )  # fmt: skip
+        alerts, computed = await replica.open_alerts(
+            AlertWires(
+                nc=nc, fleet=self.fleet, changes=self.changes,
+                policies=lambda: cluster.policies.current().policies, cluster=cluster.view,
+                registry=self.metrics.registry, clock=self.clock, wiring=settings.alerts,
+                rules=self._rules, kube=cluster.kube, extra=lambda: self.nvidia_findings,
+                leader=leader, writes=writes,
+            )
+        )  # fmt: skip
+        validations = await parts.open_validations(
+            nc, cluster.kube, settings.kube, settings.validation, settings.validation_template,
+            identity=settings.identity, clock=self.clock, registry=self.metrics.registry,
+        )  # fmt: skip
+        reviewer = parts.token_reviewer(cluster.kube, settings.api_token_review)
+        app = self._build_app(cluster, reconciler, alerts, validations, reviewer)
+        replica.add_routes(app, self.fleet, computed)
+        api_url = await parts.start_api(stack, app, settings.listen_host, settings.listen_port)
+        return Runtime(
+            bus=bus, replica=replica, cluster=cluster, leader=leader, reconciler=reconciler,
+            alerts=alerts, validations=validations, token_reviewer=reviewer, api_url=api_url,
+        )  # fmt: skip
 
-        async def down() -> None:
-            connected.set(0)
-            log.warning("disconnected from NATS")
+    def _build_app(
+        self,
+        cluster: Cluster,
+        reconciler: Reconciler,
+        alerts: AlertEngine,
+        validations: ValidationRunner,
+        reviewer: TokenReviewer | None,
+    ) -> web.Application:
+        policies = cluster.policies
+        app = build_app(
+            fleet=self.fleet,
+            settings=ApiSettings(stale_after=self.settings.stale_after),
+            readiness=self.readiness,
+            clock=self.clock,
+            metrics=self.metrics.registry,
+            policies=self.settings.policies,
+            cluster_source=cluster.view,
+            policy_source=lambda: policies.current().policies,
+            policy_report=reconciler.latest,
+            auth=self.settings.api_auth,
+            token_review=reviewer,
+            latest_validation=validations.store.latest_for,
+        )
+        add_alert_routes(app, engine=alerts)
+        add_validation_routes(app, runner=validations, fleet=self.fleet, cluster=cluster.view)
+        add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
+        return app
 
-        async def error(exc: Exception) -> None:
-            if isinstance(exc, SlowConsumerError):
-                self._ask_resync("slow-consumer")  # nats-py dropped messages itself
-            log.warning("NATS error: %s", exc)
-
-        while not stop.is_set():
-            try:
-                self._nc = await nats.connect(
-                    self.nats_url,
-                    name="nicfleet-aggregator",
-                    reconnect_time_wait=0.25,
-                    max_reconnect_attempts=-1,
-                    reconnected_cb=up,
-                    disconnected_cb=down,
-                    error_cb=error,
-                    **connect_options(self.settings.nats_security),
-                )
-                connected.set(1)
-                return self._nc
-            except (TimeoutError, OSError, NatsError) as exc:
-                log.warning("cannot connect to NATS at %s: %s; retrying", self.nats_url, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=0.5)
-        return None
+    def _start_tasks(self, runtime: Runtime, tasks: asyncio.TaskGroup, stop: asyncio.Event) -> None:
+        cluster = runtime.cluster
+        tasks.create_task(runtime.bus.writer.run(stop))
+        tasks.create_task(runtime.bus.resync.run(stop))
+        runtime.replica.start(tasks, stop, runtime.leader)  # sharded: owner, whole fleet
+        tasks.create_task(cluster.policies.run(stop))
+        tasks.create_task(runtime.leader.run(stop))
+        if cluster.watcher is not None:
+            tasks.create_task(cluster.watcher.run(stop))
+        if cluster.kube is not None:
+            tasks.create_task(self._audit_nvidia_policy(cluster.kube, stop))
+        tasks.create_task(runtime.reconciler.run(stop))
+        tasks.create_task(runtime.alerts.run(stop))
+        tasks.create_task(runtime.validations.run(stop))
 
     def _advertised_api_url(self) -> str | None:
-        """The API URL peers forward node requests to (sharded): `shards.advertise_url`,
-        else the bound one — with a wildcard listen address, this host's address."""
-        if self.settings.shards.advertise_url or self.api_url is None:
-            return self.settings.shards.advertise_url or self.api_url
-        if self.settings.listen_host not in ("", "0.0.0.0", "::"):
-            return self.api_url
-        if self._advertised is None:
-            try:  # in a pod, the hostname resolves to the pod IP (/etc/hosts)
-                address = socket.gethostbyname(socket.gethostname())
-            except OSError:
-                address = "127.0.0.1"
-            port = self.api_url.rsplit(":", 1)[1]
-            self._advertised = f"http://{_url_host(address)}:{port}"
-        return self._advertised
+        """The API URL in the shard heartbeat (`advertise_url` alone until the API is up)."""
+        bound = self._runtime.api_url if self._runtime is not None else None
+        shards = self.settings.shards
+        return advertised_api_url(shards, self.settings.listen_host, bound, self._host_address)
 
     def _ask_resync(self, reason: ResyncReason) -> None:
-        """Every agent, or (sharded) only the agents of the partitions held here."""
-        if self.resync is None:
-            return
-        if self.shard is None:
-            self.resync.request(reason)
-        elif self.shard.held:
-            self.resync.request_partitions(self.shard.held, self.settings.shards.partitions)
+        """Every agent, or (sharded) only the agents of the partitions held here. Until the
+        runtime is up the start request is still pending (it covers a reconnect)."""
+        if self._runtime is not None:
+            self._runtime.replica.ask_resync(reason)
 
     async def _audit_nvidia_policy(self, kube: KubeClient, stop: asyncio.Event) -> None:
         """Re-read `nic-cluster-policy` (never written) and audit it against the fleet."""
@@ -458,104 +350,24 @@ class AggregatorService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.nvidia_audit_interval)
 
-    def _observed_generation(self, policy: str) -> int | None:
-        if self.watcher is None:
-            return None
-        found = self.watcher.policy_objects().get(policy)
-        return found.generation if found is not None else None
-
-    def _current_policies(self) -> tuple[Policy, ...]:
-        if self._policy_source is None:
-            return self.settings.policies
-        return self._policy_source.current().policies
-
-    async def _start_api(self, cluster: Callable[[], ClusterView]) -> web.AppRunner:
-        reconciler = self.reconciler
-        app = build_app(
-            fleet=self.fleet,
-            settings=ApiSettings(stale_after=self.settings.stale_after),
-            readiness=self.readiness,
-            clock=self.clock,
-            metrics=self.metrics.registry,
-            policies=self.settings.policies,
-            cluster_source=cluster,
-            policy_source=self._current_policies,
-            policy_report=reconciler.latest if reconciler is not None else None,
-            auth=self.settings.api_auth,
-            token_review=self._token_reviewer(),
-            latest_validation=self.validations.store.latest_for if self.validations else None,
-        )
-        if self.alerts is not None:
-            add_alert_routes(app, engine=self.alerts)
-        if self.validations is not None:
-            add_validation_routes(app, runner=self.validations, fleet=self.fleet, cluster=cluster)
-        add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
-        if self.shard is not None:  # sharded: who holds what, forwarding (docs/scaling.md)
-            add_shard_routes(app, self.shard, self.fleet, self._computed)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)
-        await site.start()
-        host, port = _bound_address(site)
-        self.api_url = f"http://{_url_host(host)}:{port}"
-        log.info("API listening on %s", self.api_url)
-        return runner
-
-    def _validation_template(self) -> dict[str, Any] | None:
-        try:
-            return load_template(self.settings.validation_template)
-        except StoreError as exc:
-            log.warning("pair validations off: %s", exc)
-            return None
-
-    def _token_reviewer(self) -> TokenReviewer | None:
-        review = self.settings.api_token_review
-        if review is None:
-            return None
-        if self._kube is None:
-            raise SettingsError("API TokenReview needs a Kubernetes API server (settings.kube)")
-        self.token_reviewer = TokenReviewer(self._kube.review_token, review, clock=time.monotonic)
-        return self.token_reviewer
-
     def _firing_alerts(self) -> list[Alert]:
         """For /metrics: only the leader runs the alert lifecycle (sharded: each replica
         for its own nodes, the leader also for fleet-level alerts)."""
-        if self.alerts is not None and self.shard is not None:
-            return self.alerts.firing()
-        if self.alerts is None or self.leader is None or not self.leader.is_leader:
-            return []
-        return self.alerts.firing()
+        runtime = self._runtime
+        return runtime.replica.firing(runtime.alerts, runtime.leader) if runtime else []
 
     def _findings(self) -> tuple[Finding, ...]:
-        return self.alerts.findings if self.alerts is not None else ()
+        return self._runtime.alerts.findings if self._runtime is not None else ()
 
-    def _write_ready_file(self) -> None:
+    def _write_ready_file(self, runtime: Runtime) -> None:
         path = self.settings.ready_file
         if path is None:
             return
         tmp = path.with_name(path.name + ".tmp")
-        doc = {"api_url": self.api_url, "nats_url": self.nats_url, "pid": os.getpid()}
+        doc = {"api_url": runtime.api_url, "nats_url": runtime.bus.nats_url, "pid": os.getpid()}
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
 
-
-async def _no_nodes() -> AsyncIterator[StoredNode]:
-    return
-    yield  # an empty async generator (a sharded replica loads its partitions' nodes)
-
-
-def _no_cluster() -> ClusterView:
-    return NO_CLUSTER
-
-
-def _bound_address(site: web.TCPSite) -> tuple[str, int]:
-    server = site._server  # aiohttp exposes the asyncio.Server only here
-    sockets = getattr(server, "sockets", None) or ()
-    for sock in sockets:
-        host, port = sock.getsockname()[:2]
-        return str(host), int(port)
-    raise StoreError("API server has no listening socket")
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+    def _remove_ready_file(self) -> None:
+        if self.settings.ready_file is not None:
+            self.settings.ready_file.unlink(missing_ok=True)

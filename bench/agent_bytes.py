@@ -6,7 +6,7 @@ CounterReader, with_rates, DeltaEncoder, codec) for --rounds rounds of 1 s (time
 passed in, no sleeping). Bytes are the encoded payloads plus the NATS PUB line; with
 --nats they are also published to a real nats-server on 127.0.0.1 and checked against its
 /varz `in_bytes`. Median of --runs (one motion seed each). Never a test.
-Run: .venv/bin/python bench/agent_bytes.py --json
+Run: .venv/bin/python bench/agent_bytes.py --json   (`--smoke`: seconds, checks it still runs)
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ NODE: Final = "bench-ib-01.example"
 T0: Final = 1_800_000_000.0
 INTERVAL: Final = 1.0
 INVENTORY_INTERVAL: Final = 300.0  # the agent's default periodic snapshot
+# --smoke: the same path on a few rounds (make test runs it; its numbers mean nothing).
+SMOKE: Final = {"rounds": 10, "runs": 2, "nats": True}
 # A busy port moves its data and packet counters every round (RDMA writes and reads of a
 # training job) and now and then an error or congestion counter; an idle port sees a
 # few management packets now and then.
@@ -229,6 +231,8 @@ def summarize(runs: list[Run], args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
         "details": [asdict(r) for r in runs],
     }
+    if args.smoke:
+        result["smoke"] = True
     if all(r.varz_full_in_bytes is not None for r in runs):
         result["varz_in_bytes_per_s_before"] = per_s([r.varz_full_in_bytes or 0 for r in runs])
         result["varz_in_bytes_per_s_after"] = per_s([r.varz_delta_in_bytes or 0 for r in runs])
@@ -244,7 +248,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--full-every", type=int, default=DEFAULT_FULL_EVERY)
     parser.add_argument("--runs", type=int, default=5, help="runs (one seed each); median")
     parser.add_argument("--nats", action="store_true", help="also count /varz in_bytes")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run that checks the script still works, numbers meaningless "
+        "(--rounds 10 --runs 2 --nats; options given still win)",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ on a rendered lab tree with its device plugin on. Per run: SIGKILL the agent, fl
 while it is dead, start it again; timed from the process start until the kubelet sees a
 new registration, and until the aggregator's fleet shows the flipped port.
 A script for docs/reliability.md, never a test. Run: .venv/bin/python bench/agent_restart.py
+(`--smoke`: one restart, seconds; checks the script still runs)
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from tests.support.kubelet import KubeletEmulator  # noqa: E402
 
 NODE = "bench-agent-01"
 RESOURCE = "rdma/ib_gpu0"
+# --smoke: the same path with one kill (make test runs it; its numbers mean nothing).
+SMOKE = {"runs": 1}
 CONFIG = {
     "configList": [
         {"resourceName": "ib_gpu0", "rdmaHcaMax": 8, "selectors": {"rdmaDevices": ["mlx5_0"]}}
@@ -108,7 +111,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run that checks the script still works, numbers meaningless "
+        "(--runs 1; options given still win)",
+    )
     opts = parser.parse_args()
+    if opts.smoke:
+        parser.set_defaults(**SMOKE)
+        opts = parser.parse_args()
     sockets = Path(tempfile.mkdtemp(prefix="nfb", dir="/tmp"))  # unix socket path limit
     try:
         with tempfile.TemporaryDirectory(prefix="nicfleet-bench-") as tmp:
@@ -120,6 +132,7 @@ def main() -> None:
         "runs": opts.runs,
         "registered_s": summary(times["registered_s"]),
         "fleet_updated_s": summary(times["fleet_updated_s"]),
+        **({"smoke": True} if opts.smoke else {}),
     }
     print(json.dumps(result) if opts.json else f"recovery after agent SIGKILL: {result}")
 

@@ -9,6 +9,7 @@ packet counters, their rates and the byte counts moved). Each is timed as the ma
 fleet apply, metrics), full batches with rising seq over 1,000 nodes; `ingest_delta_map_us`:
 busy deltas (map form, as agents send them) on each node's full batch. Not a test:
 .venv/bin/python bench/codec_counters.py --json   (CPU time, median of --runs)
+(`--smoke`: a few loops over 20 nodes, seconds; checks the script still runs)
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ except ImportError:
 # Run from a copy of an older tree (before packing) it measures the map encoding only.
 PACKED: Final = hasattr(codec, "encode_map")
 encode_map: Callable[[Any], bytes] = getattr(codec, "encode_map", codec.encode)
+INGEST_NODES: Final = 1000
+# --smoke: the same path, tiny (make test runs it; its numbers mean nothing).
+SMOKE: Final = {"loops": 5, "runs": 1, "ingest_nodes": 20}
 
 
 def timed(fn: Callable[[], object], loops: int, runs: int) -> float:
@@ -66,9 +70,11 @@ def packed(batch: CounterBatch) -> bytes:
     return codec.encode(pack(batch))
 
 
-def ingest_cpu(full: CounterBatch, encoder: Callable[[Any], bytes], runs: int) -> float:
-    """Median CPU µs per `Ingest.handle` of a counter batch (1,000 nodes x 3 rounds)."""
-    names = [f"n-{i:04d}" for i in range(1000)]
+def ingest_cpu(
+    full: CounterBatch, encoder: Callable[[Any], bytes], runs: int, nodes: int = INGEST_NODES
+) -> float:
+    """Median CPU µs per `Ingest.handle` of a counter batch (`nodes` x 3 rounds)."""
+    names = [f"n-{i:04d}" for i in range(nodes)]
     messages = [
         (
             subjects.node_subject(name, subjects.COUNTERS),
@@ -90,10 +96,12 @@ def ingest_cpu(full: CounterBatch, encoder: Callable[[Any], bytes], runs: int) -
     return round(statistics.median(results), 1)
 
 
-def ingest_delta_cpu(full: CounterBatch, delta: CounterBatch, runs: int) -> float:
-    """Median CPU µs per `Ingest.handle` of a busy delta (1,000 nodes x 3 deltas each on
+def ingest_delta_cpu(
+    full: CounterBatch, delta: CounterBatch, runs: int, nodes: int = INGEST_NODES
+) -> float:
+    """Median CPU µs per `Ingest.handle` of a busy delta (`nodes` x 3 deltas each on
     the node's full batch, which is applied first and not timed)."""
-    names = [f"n-{i:04d}" for i in range(1000)]
+    names = [f"n-{i:04d}" for i in range(nodes)]
     subject = {name: subjects.node_subject(name, subjects.COUNTERS) for name in names}
     bases = [
         (subject[name], codec.encode(msgspec.structs.replace(full, node=name))) for name in names
@@ -118,14 +126,20 @@ def ingest_delta_cpu(full: CounterBatch, delta: CounterBatch, runs: int) -> floa
     return round(statistics.median(results), 1)
 
 
-def measure(shape: NodeShape, loops: int, runs: int, ingest_only: bool = False) -> dict[str, Any]:
+def measure(
+    shape: NodeShape,
+    loops: int,
+    runs: int,
+    ingest_only: bool = False,
+    nodes: int = INGEST_NODES,
+) -> dict[str, Any]:
     full = codec.decode(build_templates(shape).counters, CounterBatch)
     delta = delta_against(full, busy_round(full))
     assert delta is not None
     if ingest_only:
         return {
-            "ingest_full_map_us": ingest_cpu(full, encode_map, runs),
-            "ingest_delta_map_us": ingest_delta_cpu(full, delta, runs),
+            "ingest_full_map_us": ingest_cpu(full, encode_map, runs, nodes),
+            "ingest_delta_map_us": ingest_delta_cpu(full, delta, runs, nodes),
         }
     out: dict[str, Any] = {"ports": len(full.ports)}
     for label, batch in (("full", full), ("delta", delta)):
@@ -145,11 +159,11 @@ def measure(shape: NodeShape, loops: int, runs: int, ingest_only: bool = False) 
                     runs,
                 )
             out[f"{label}_{encoding}"] = row
-    out["ingest_full_map_us"] = ingest_cpu(full, encode_map, runs)
-    out["ingest_delta_map_us"] = ingest_delta_cpu(full, delta, runs)
+    out["ingest_full_map_us"] = ingest_cpu(full, encode_map, runs, nodes)
+    out["ingest_delta_map_us"] = ingest_delta_cpu(full, delta, runs, nodes)
     if not PACKED:
         return out
-    out["ingest_full_packed_us"] = ingest_cpu(full, packed, runs)
+    out["ingest_full_packed_us"] = ingest_cpu(full, packed, runs, nodes)
     for label in ("full", "delta"):
         before, after = out[f"{label}_map"], out[f"{label}_packed"]
         out[f"{label}_size_ratio"] = round(before["bytes"] / after["bytes"], 1)
@@ -164,10 +178,22 @@ def main() -> None:
     parser.add_argument("--counters", type=int, default=21, help="PMA counters per port")
     parser.add_argument("--hw-counters", type=int, default=30, help="hw_counters per port")
     parser.add_argument("--ingest-only", action="store_true", help="Ingest.handle, map form")
+    parser.add_argument("--ingest-nodes", type=int, default=INGEST_NODES, help="for ingest_*")
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run that checks the script still works, numbers meaningless "
+        "(--loops 5 --runs 1 --ingest-nodes 20; options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     shape = NodeShape(counters=args.counters, hw_counters=args.hw_counters)
-    result = measure(shape, args.loops, args.runs, args.ingest_only)
+    result = measure(shape, args.loops, args.runs, args.ingest_only, args.ingest_nodes)
+    if args.smoke:
+        result["smoke"] = True
     if args.json:
         print(json.dumps(result, indent=2))
         return

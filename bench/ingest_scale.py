@@ -6,6 +6,7 @@ then with only the real aggregator (`python -m aggregator run`) — each has the
 itself (`--concurrent`: both on one run). Reports applied msgs/s of both and their ratio,
 lag, event->alert latency, RSS and CPU, slow consumers. Optional py-spy. Never a test.
 Run: .venv/bin/python bench/ingest_scale.py --nodes 1000 3000 10000
+(`--smoke`: 10 nodes for 3 s, one run each side; checks the script still runs)
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ from proto.messages.alerts import Alert  # noqa: E402
 from proto.messages.counters import CounterBatch  # noqa: E402
 
 ATTACH: Final = ("both", "bare", "aggregator")  # who subscribes during one load run
+# --smoke: the same path, tiny and short (make test runs it; its numbers mean nothing).
+SMOKE: Final = {
+    "nodes": [10],
+    "duration": 3.0,
+    "warmup": 1.0,
+    "processes": 1,
+    "port_downs": 1,
+    "every": 0.5,
+    "snapshot_timeout": 20.0,
+}
 
 
 async def measure(
@@ -281,7 +292,7 @@ async def start_py_spy(
 
 
 # Snapshots/s at the start: the pace the aggregator asks a fleet to answer a resync at
-# (aggregator/bus/resync.py ResyncSettings.rate_nodes_per_s; 10,000 nodes = 50 s).
+# (aggregator/bus/resyncrequest.py ResyncRequestSettings.rate_nodes_per_s; 10,000 nodes = 50 s).
 SNAPSHOT_RATE: Final = 200.0
 
 
@@ -374,12 +385,24 @@ def main() -> None:
     parser.add_argument("--profile-at", type=int, help="py-spy the aggregator at this count")
     parser.add_argument("--stop-when-broken", action="store_true")
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run that checks the script still works, numbers meaningless "
+        "(--nodes 10 --duration 3 --warmup 1 --processes 1 --port-downs 1 --every 0.5 "
+        "--snapshot-timeout 20; options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     args.shape = replace(NodeShape(), counters=args.counters, hw_counters=args.hw_counters)
     args.py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not args.json:
         print(HEADER, file=sys.stderr)
     results = asyncio.run(main_async(args))
+    if args.smoke:
+        results["smoke"] = True
     if args.json:
         print(json.dumps(results, indent=2, default=str))
         return

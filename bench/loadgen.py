@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import json
 import multiprocessing as mp
 import statistics
@@ -36,6 +37,7 @@ from agent.lab import faults  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import with_node_name  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
+from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import codec, subjects  # noqa: E402
 from proto.compact import inventory_only  # noqa: E402
 from proto.inventory import NodeSnapshot  # noqa: E402
@@ -442,9 +444,14 @@ class LoadGen:
                 proc.join(timeout=5)
 
 
+# --smoke: the same path, a few nodes for two seconds against a nats-server of its own
+# (make test runs it; its numbers mean nothing).
+SMOKE: Final = {"nodes": 20, "processes": 1, "duration": 2.0, "port_downs": 1}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--nats-url", help="required unless --smoke")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of counters")
@@ -455,7 +462,41 @@ def main() -> None:
     parser.add_argument("--burst-ms", type=float, default=BURST_S * 1000, help="send window")
     parser.add_argument("--snapshot-rate", type=float, default=250.0, help="snapshots/s at start")
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(a nats-server of its own unless --nats-url, --nodes 20 --processes 1 --duration 2 "
+        "--port-downs 1; options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.nats_url is None and not args.smoke:
+        parser.error("--nats-url is required (or --smoke)")
+    with contextlib.ExitStack() as stack:
+        if args.nats_url is None:
+            args.nats_url = stack.enter_context(NatsServer(NatsServerSettings())).url
+        result = generate(args)
+    if args.smoke:
+        result["smoke"] = True
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    rate = result["counters"] / args.duration
+    print(
+        f"{result['nodes']} nodes, {rate:.0f} counter msgs/s of "
+        f"{result['counter_bytes_per_msg']} B, generator late p99 "
+        f"{result['late_ms_p99_worst']} ms, CPU {result['cpu_ms_per_1000_msgs']} ms per 1,000 "
+        f"msgs, {len(result['events'])} port-down events, "
+        f"errors: {result['errors'] or 'none'}"
+    )
+    if args.smoke and result["errors"]:
+        raise SystemExit(f"--smoke: the generator reported errors: {result['errors']}")
+
+
+def generate(args: argparse.Namespace) -> dict[str, Any]:
     spec = LoadSpec(
         nats_url=args.nats_url,
         nodes=args.nodes,
@@ -472,20 +513,9 @@ def main() -> None:
     try:
         gen.start()
         gen.go()
-        result = gen.finish()
+        return gen.finish()
     finally:
         gen.stop()
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
-    rate = result["counters"] / spec.duration_s
-    print(
-        f"{result['nodes']} nodes, {rate:.0f} counter msgs/s of "
-        f"{result['counter_bytes_per_msg']} B, generator late p99 "
-        f"{result['late_ms_p99_worst']} ms, CPU {result['cpu_ms_per_1000_msgs']} ms per 1,000 "
-        f"msgs, {len(result['events'])} port-down events, "
-        f"errors: {result['errors'] or 'none'}"
-    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from aggregator.fleet.state import Fleet
 from proto.policy import Policy, load_policies
 
 PROBE_S = 0.001
+# --smoke: the same path on a few nodes (make test runs it; its numbers mean nothing).
+SMOKE = {"nodes": [30], "runs": 1, "rate": 200.0}
 
 
 def _policy(mtu: int) -> tuple[Policy, ...]:
@@ -125,10 +127,19 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="policy changes per size and mode")
     parser.add_argument("--rate", type=float, default=2000.0, help="counter batches per s")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--nodes 30 --runs 1 --rate 200; options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     results = [asyncio.run(measure(n, args.runs, args.rate)) for n in args.nodes]
     if args.json:
-        print(json.dumps({"results": results}))
+        print(json.dumps({"results": results, **({"smoke": True} if args.smoke else {})}))
         return
     for r in results:
         print(f"{r['nodes']} nodes x 12 adapters, policy change, {r['rate']:g} counter "

@@ -55,6 +55,8 @@ from proto.messages.counters import CounterBatch  # noqa: E402
 from proto.packedcounters import PackedCounterBatch, pack, unpack  # noqa: E402
 
 TARGET_KB: Final = 50.0
+# --smoke: both paths on a few nodes (make test runs it; its numbers mean nothing).
+SMOKE: Final = {"nodes": [50], "runs": 1, "process": True, "where": 20, "sample": 10}
 LAB: Final = "h100-ib-12nic"
 CHUNK: Final = 250
 # "interned": the decode proposed before interning landed (proto/compact.py, packedcounters).
@@ -137,8 +139,9 @@ async def wait_for(cond: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def settled_rss(pid: int, timeout: float = 180.0) -> int:
-    """RSS once it moved < 1 % over the last 3 s (the first rule evaluation runs meanwhile)."""
+async def settled_rss(pid: int, timeout: float = 180.0, every: float = 0.5) -> int:
+    """RSS once it moved < 1 % over the last 6 samples `every` s apart (3 s: the first rule
+    evaluation runs meanwhile; --smoke samples faster)."""
     samples: list[int] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -146,7 +149,7 @@ async def settled_rss(pid: int, timeout: float = 180.0) -> int:
         last = samples[-7:]
         if len(last) == 7 and max(last) - min(last) < 0.01 * max(last):
             return last[-1]
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(every)
     return samples[-1]
 
 
@@ -154,7 +157,7 @@ def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def process_run(tpl: Templates, nodes: int, work: Path) -> dict[str, Any]:
+async def process_run(tpl: Templates, nodes: int, work: Path, every: float) -> dict[str, Any]:
     with NatsServer(NatsServerSettings(store_dir=work / "js")) as server:
         ready = work / "aggregator.ready"
         argv = [sys.executable, "-m", "aggregator", "run", "--nats-url", server.url,
@@ -164,7 +167,7 @@ async def process_run(tpl: Templates, nodes: int, work: Path) -> dict[str, Any]:
             await wait_for(ready.exists, 60, "aggregator ready")
             doc = json.loads(ready.read_text())
             pid, api = int(doc["pid"]), str(doc["api_url"])
-            empty = await settled_rss(pid)
+            empty = await settled_rss(pid, every=every)
             nc = await nats.connect(server.url)
             sent = 0
             started = time.monotonic()
@@ -179,7 +182,7 @@ async def process_run(tpl: Templates, nodes: int, work: Path) -> dict[str, Any]:
             await wait_for(lambda: ingested(api) >= sent, 600, "ingest")
             ingest_s = time.monotonic() - started
             await nc.close()
-            full = await settled_rss(pid)
+            full = await settled_rss(pid, every=every)
             peak = rss_kb(pid)[1]
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -188,11 +191,11 @@ async def process_run(tpl: Templates, nodes: int, work: Path) -> dict[str, Any]:
             "per_node_kb": round((full - empty) / nodes, 1)}  # fmt: skip
 
 
-def measure_process(tpl: Templates, nodes: int, runs: int) -> dict[str, Any]:
+def measure_process(tpl: Templates, nodes: int, runs: int, every: float) -> dict[str, Any]:
     results = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="nicfleet-mem-") as tmp:
-            results.append(asyncio.run(process_run(tpl, nodes, Path(tmp))))
+            results.append(asyncio.run(process_run(tpl, nodes, Path(tmp), every)))
             print(json.dumps({"nodes": nodes, **results[-1]}), file=sys.stderr)
     per_node = [r["per_node_kb"] for r in results]
     return {
@@ -369,7 +372,16 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=300, help="nodes walked with --where")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--interned", action="store_true", help="--where: the old proposal too")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--process --nodes 50 --runs 1 --where 20 --sample 10; options given still win)",
+    )
     opts = parser.parse_args()
+    if opts.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        opts = parser.parse_args()
     tpl = build_templates()
     sizes = {
         "snapshot_bytes": len(codec.encode(tpl.snapshot)),
@@ -380,11 +392,14 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "memory_scale", "target_kb_per_node": TARGET_KB,
                               "lab": LAB, "messages": sizes}  # fmt: skip
     if opts.process:
-        result["process"] = [measure_process(tpl, n, opts.runs) for n in opts.nodes]
+        every = 0.1 if opts.smoke else 0.5  # RSS sampling while it settles
+        result["process"] = [measure_process(tpl, n, opts.runs, every) for n in opts.nodes]
     if opts.where:
         result["where"] = where(tpl, opts.where, opts.sample, top=10)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                          "load_avg": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    if opts.smoke:
+        result["smoke"] = True
     print(json.dumps(result, indent=2 if opts.json else None))
 
 

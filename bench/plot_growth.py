@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -115,7 +116,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "performance-growth.png")
+    parser.add_argument("--json", action="store_true", help="print {out, bytes, panels} as JSON")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="draw the same figure into a temporary directory (never over docs/), "
+        "print what was drawn, remove it; --out is ignored",
+    )
     opts = parser.parse_args()
+    if opts.smoke:
+        with tempfile.TemporaryDirectory(prefix="nicfleet-plot-") as tmp:
+            draw(opts.results, Path(tmp) / "performance-growth.png", opts.json, smoke=True)
+        return
+    draw(opts.results, opts.out, opts.json, smoke=False)
+
+
+def draw(results: Path, out: Path, as_json: bool, *, smoke: bool) -> None:
     figures = [
         ("aggregator_restart.json", "Restart: cold start until ready", "s", restart, 10.0),
         ("memory_scale.json", "Memory: aggregator RSS per node", "KiB", memory, 50.0),
@@ -125,12 +141,12 @@ def main() -> None:
     ]
     panels = []
     for name, title, unit, read, target in figures:
-        doc = load(opts.results / name)
+        doc = load(results / name)
         series = read(doc) if doc is not None else {}
         if any(series.values()):
             panels.append((title, unit, series, target))
     if not panels:
-        raise SystemExit(f"no results under {opts.results}")
+        raise SystemExit(f"no results under {results}")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (title, unit, series, target) in zip(axes[0], panels, strict=True):
         panel(ax, title, unit, series, target)
@@ -139,8 +155,19 @@ def main() -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(opts.out, dpi=110)
-    print(f"wrote {opts.out} ({len(panels)} panels)")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    if not as_json:
+        print(f"wrote {out} ({len(panels)} panels)")
+        return
+    doc: dict[str, Any] = {
+        "out": str(out),
+        "bytes": out.stat().st_size,
+        "panels": [title for title, _, _, _ in panels],
+    }
+    if smoke:
+        doc["smoke"] = True  # `out` was a temporary file, removed since
+    print(json.dumps(doc))
 
 
 if __name__ == "__main__":

@@ -321,6 +321,10 @@ async def wait_all(latest: dict[str, int], agents: int, generation: int, timeout
         await asyncio.sleep(0.01)
 
 
+# --smoke: the same path, shortest (make test runs it; its numbers mean nothing).
+SMOKE = {"agents": 20, "procs": 1, "changes": 2, "pause": 0.2}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -342,13 +346,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--sim", nargs=4, metavar=("URL", "FIRST", "COUNT", "READY"),
                         help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--agents 20 --procs 1 --changes 2 --pause 0.2; options given still win)",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     if args.sim:
         url, first, count, ready = args.sim
         asyncio.run(sim_main(url, int(first), int(count), Path(ready)))
         return 0
     with tempfile.TemporaryDirectory(prefix="nicfleet-fanout-") as tmp:
         report = asyncio.run(measure(args, Path(tmp)))
+    if args.smoke:
+        report["smoke"] = True
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()

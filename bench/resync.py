@@ -27,7 +27,7 @@ import nats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the aggregator process helper lives in tests/
 
-from agent.bus.resyncpacing import ResyncPolicy  # noqa: E402
+from agent.bus.republishpacing import RepublishPolicy  # noqa: E402
 from agent.lab.faults import port_down, port_up  # noqa: E402
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
@@ -79,7 +79,7 @@ def agent_settings(root: Path, url: str, jitter: float) -> AgentSettings:
         nats_url=url,
         netlink=False,
         inventory_interval=3600.0,
-        resync=ResyncPolicy(jitter_s=jitter, min_interval_s=0.0),
+        republish=RepublishPolicy(jitter_s=jitter, min_interval_s=0.0),
     )
 
 
@@ -203,19 +203,34 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
+# --smoke: the same path, shortest (make test runs it; its numbers mean nothing).
+SMOKE = {"runs": 1, "jitter": 0.2}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--jitter", type=float, default=5.0, help="agent resync jitter_s")
     parser.add_argument("--scenario", choices=("restart", "cut", "both"), default="both")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--runs 1 --jitter 0.2, both scenarios; options given still win)",
+    )
     opts = parser.parse_args()
+    if opts.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        opts = parser.parse_args()
     result: dict[str, object] = {"benchmark": "resync", "runs": opts.runs, "jitter_s": opts.jitter}
     for name, scenario in (("restart", restart), ("cut", cut)):
         if opts.scenario in (name, "both"):
             with tempfile.TemporaryDirectory(prefix="nicfleet-bench-") as tmp:
                 times = asyncio.run(scenario(Path(tmp), opts.runs, opts.jitter))
             result[f"{name}_converge_s"] = summary(times)
+    if opts.smoke:
+        result["smoke"] = True
     print(json.dumps(result) if opts.json else f"resync: {result}")
 
 

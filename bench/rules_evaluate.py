@@ -213,6 +213,10 @@ def steady(nodes: int, rounds: int, per_cycle: int, down_every: int = 0) -> dict
     }
 
 
+# --smoke: the same path on a few nodes (make test runs it; its numbers mean nothing).
+SMOKE = {"nodes": [30], "runs": 1, "samples": 2, "rounds": 2, "per_cycle": [1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000, 10000])
@@ -225,18 +229,31 @@ def main() -> None:
                         help="--steady: node changes per engine cycle")  # fmt: skip
     parser.add_argument("--down-every", type=int, default=0,
                         help="--steady: every n-th node has a port down (0: none)")  # fmt: skip
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--nodes 30 --runs 1 --samples 2, --steady: --rounds 2 --per-cycle 1; "
+        "options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     if args.steady:
         steady_results = [
             steady(n, args.rounds, min(k, n), args.down_every)
             for n in args.nodes
             for k in args.per_cycle
         ]
-        print(json.dumps({"steady": steady_results}, indent=None if args.json else 1))
+        doc: dict[str, object] = {"steady": steady_results}
+        if args.smoke:
+            doc["smoke"] = True
+        print(json.dumps(doc, indent=None if args.json else 1))
         return
     results = [measure(n, args.runs, args.samples) for n in args.nodes]
     if args.json:
-        print(json.dumps({"results": results}))
+        print(json.dumps({"results": results, **({"smoke": True} if args.smoke else {})}))
         return
     for r in results:
         same = r["incremental_equals_full"]

@@ -5,7 +5,7 @@ node count each replica count sustains (applied >= 95 % of offered over the wind
 One nats-server with the partition mapping, the replicas as processes, bench/loadgen.py's
 simulated agents. On a 2-core machine the load generator, nats-server and the replicas share
 the cores, so this shows the trend only. Never a test.
-Run: PYTHONPATH=. .venv/bin/python bench/shard_scale.py --replicas 1 2 3 --nodes 1000 3000
+Run: .venv/bin/python bench/shard_scale.py --replicas 1 2 3 --nodes 1000 3000
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fixtures live in tests/
+
 import aiohttp
 from loadgen import LoadGen, LoadSpec, build_templates
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,7 +30,11 @@ from scale_probes import cpu_s
 
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.bus.permissions import render_mappings_config
-from tests.integration.replicas.test_shards import Fleetwide, ShardReplica, replica_processes
+from tests.integration.replicas.test_shards import (
+    Fleetwide,
+    ShardReplica,
+    replica_processes,
+)
 from tests.support.waits import wait_until
 
 SUSTAINED: Final = 0.95
@@ -103,6 +109,10 @@ def replica_cpu_s(running: Sequence[ShardReplica]) -> list[float]:
     return [cpu_s(r.proc.pid) if r.proc is not None else 0.0 for r in running]
 
 
+# --smoke: the same path, shortest (make test runs it; its numbers mean nothing).
+SMOKE = {"replicas": [2], "nodes": [50], "duration": 3.0, "processes": 1}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
@@ -111,7 +121,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--processes", type=int, default=2, help="load generator processes")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run of the same code path, numbers meaningless "
+        "(--replicas 2 --nodes 50 --duration 3 --processes 1; options given still win)",
+    )
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; options given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     rows = []
     for replicas in args.replicas:
         for nodes in args.nodes:
@@ -136,7 +155,11 @@ def main() -> None:
         "rows": rows,
         "max_sustained_nodes": best,
     }
+    if args.smoke:
+        doc["smoke"] = True
     print(json.dumps(doc) if args.json else json.dumps(doc, indent=1))
+    if args.smoke and any("error" in row for row in rows):
+        raise SystemExit("--smoke: a replica died (its log is on stderr)")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from proto.errors import ProtoError
 from proto.inventory import NodeSnapshot
 from proto.messages.alerts import Alert
 from proto.messages.config import DesiredConfig
@@ -47,7 +48,7 @@ T = TypeVar("T", bound=msgspec.Struct)
 _PATH = re.compile(r" - at `(?P<path>[^`]*)`$")
 
 
-class CodecError(ValueError):
+class CodecError(ProtoError, ValueError):
     """A payload that is not a valid message of the expected type."""
 
     def __init__(self, type_name: str, path: str, reason: str) -> None:

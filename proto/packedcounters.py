@@ -14,6 +14,7 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
+from proto.errors import ProtoError
 from proto.inventory import Base, ReadError
 from proto.messages import MESSAGES_VERSION
 from proto.messages.counters import CounterBatch, PortCounters
@@ -104,7 +105,7 @@ class CleanPackedCounterBatch(
     ports: tuple[CleanPackedPort, ...] = ()
 
 
-class PackError(ValueError):
+class PackError(ProtoError, ValueError):
     """A packed batch whose indexes do not fit its name table; `path` names the field."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -179,7 +180,7 @@ def pack(batch: CounterBatch) -> PackedCounterBatch:
 _Keys = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
-class _Misfiled(Exception):
+class _Misfiled(ProtoError):
     """A layout lists a name under another group than the name's own."""
 
 

@@ -13,6 +13,7 @@ import msgspec
 import yaml
 
 from proto.dpconfig import ConfigError, parse_device_plugin_config
+from proto.errors import ProtoError
 from proto.messages.config import DevicePluginConfig
 
 API_VERSION = "nicfleet.io/v1alpha1"
@@ -21,7 +22,7 @@ KIND = "NicFleetPolicy"
 Relation = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
 
 
-class PolicyError(ValueError):
+class PolicyError(ProtoError, ValueError):
     """A policy document that is not valid; names the source, document and field."""
 
     def __init__(self, source: str, path: str, reason: str) -> None:

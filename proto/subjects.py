@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from proto.errors import ProtoError
+
 PREFIX: Final = "nicfleet.v1"
 
 # KV buckets (JetStream)
@@ -62,7 +64,7 @@ _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
 MAX_NODE_NAME = 253
 
 
-class InvalidNodeName(ValueError):
+class InvalidNodeName(ProtoError, ValueError):
     """A node name that cannot be a Kubernetes node name (and so no subject token)."""
 
 
@@ -112,7 +114,7 @@ def parse_node_subject(subject: str) -> tuple[str, str]:
     return node_from_token(parts[3]), parts[4]
 
 
-class InvalidValidationId(ValueError):
+class InvalidValidationId(ProtoError, ValueError):
     """A validation id that cannot be a subject token (or a Pod name suffix)."""
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 
-
 # Fixtures that start a real server: a test using one is an integration test wherever it lives.
 SERVER_FIXTURES = frozenset({"nats_server", "own_nats"})
 

@@ -61,7 +61,7 @@ class Publisher:
         self._connect_options = connect_options(security, inbox_prefix=agent_inbox_prefix(node))
         self.url = url
         self._on_reconnect = on_reconnect
-        self._on_control = on_control  # resync requests (agent.bus.resync), if wanted
+        self._on_control = on_control  # resync requests (agent.bus.republish), if wanted
         self._connect_timeout = connect_timeout
         self._nc: NatsClient | None = None
         self.stats = PublishStats()

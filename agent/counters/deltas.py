@@ -2,7 +2,8 @@
 
 Pure: no I/O, no clock, no logging. `delta_against(base, current)` is `current` as a delta
 on the full batch `base`; `DeltaEncoder` decides per round between a delta and a full batch
-(first round, periodic, after a resync or a failed send, when the port set changed).
+(first round, periodic, after a rebase — reconnect or republish — or a failed send, when the
+port set changed).
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class DeltaEncoder:
     """Per round: a delta on the last full batch that was sent, or a full batch.
 
     A full batch goes out on the first round, every `full_every` rounds (1: never a
-    delta), after `resync()` (reconnect), when the previous full batch could not be sent,
-    when the port set changed, and on the first round with rates after a base without.
+    delta), after `rebase()` (a reconnect or a republish), when the previous full batch
+    could not be sent, when the port set changed, and on the first round with rates after a
+    base without.
     With `size` (bytes a message takes on the wire), a delta that would not be smaller
     than the full batch is replaced by the full batch (busy ports change every value, and
     full batches are packed while deltas are maps). Call `sent(message, ok)` after every
@@ -115,17 +117,18 @@ class DeltaEncoder:
         self._size = size
         self._base: CounterBatch | None = None
         self._deltas = 0  # deltas encoded since the base
-        self._resync = True
+        self._rebase = True
 
-    def resync(self) -> None:
-        """Make the next message a full batch (a new receiver has no base)."""
-        self._resync = True
+    def rebase(self) -> None:
+        """Make the next message a full batch, the base later deltas name (a new receiver
+        has no base): the counter side of a reconnect or a republish."""
+        self._rebase = True
 
     def encode(self, current: CounterBatch) -> CounterBatch:
         base = self._base
         if (
             base is not None
-            and not self._resync
+            and not self._rebase
             and self._deltas + 1 < self.full_every
             # A base without rates (the first sample) would put every rate in every delta.
             and (base.interval_s is not None or current.interval_s is None)
@@ -136,7 +139,7 @@ class DeltaEncoder:
             ):
                 self._deltas += 1
                 return delta
-        self._resync = False
+        self._rebase = False
         return current
 
     def sent(self, message: CounterBatch, ok: bool) -> None:

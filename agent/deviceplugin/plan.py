@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 from typing import Final, Literal
 
 from agent.deviceplugin.selectors import SelectedDevice, Selection
+from agent.errors import AgentError
 from proto.dpconfig import resource_full_name
 from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot, PortStateName
@@ -39,7 +40,7 @@ MAX_ID_LENGTH: Final = 63
 MAX_CONTAINERS: Final = 256
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(AgentError, ValueError):
     """A kubelet request that cannot be honoured; the message names the offending value."""
 
 

@@ -34,13 +34,13 @@ KUBELET_SOCKET: Final = "kubelet.sock"
 PLUGIN_TYPE: Final = "DevicePlugin"
 
 
-class RegistrationFailed(AgentError):
+class RegistrationFailed(AgentError, retryable=True):
     """The kubelet did not accept (or did not answer) a registration; retry later."""
 
 
 def resolve_mode(mode: RegistrationMode, *, registry_exists: bool) -> EffectiveMode:
     """auto picks the watcher when the plugins_registry dir is there (as the upstream plugin
-    does); the manager still falls back to legacy if no kubelet ever calls GetInfo."""
+    does); the runner still falls back to legacy if no kubelet ever calls GetInfo."""
     if mode == "auto":
         return "watcher" if registry_exists else "legacy"
     return mode

@@ -31,11 +31,14 @@ from agent.deviceplugin.registration import (
 from agent.deviceplugin.server import (
     DevicePluginServicer,
     ResourceFeed,
-    ServeError,
-    SocketId,
     add_device_plugin,
     plugin_options,
+)
+from agent.deviceplugin.sockets import (
+    ServeError,
+    SocketId,
     socket_id,
+    socket_name,
     start_unix_server,
 )
 
@@ -57,12 +60,8 @@ class RunnerSettings:
     watcher_grace: float | None = 10.0  # auto mode: fall back to legacy after this long
 
 
-def socket_name(resource: str) -> str:
-    return f"nicfleet-{resource.replace('/', '_')}.sock"
-
-
 class ResourceRunner:
-    """Serves and registers one resource; the manager owns the task running `serve()`."""
+    """Serves and registers one resource; AdvertisedResources owns the task running `serve()`."""
 
     def __init__(
         self,

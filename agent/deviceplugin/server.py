@@ -4,6 +4,7 @@
 the moment it changes (health is pushed by events; the periodic re-send is only for a
 kubelet that lost the list). The servicer validates every request against the plan and
 answers bad input with INVALID_ARGUMENT; it never decides anything itself (see plan.py).
+The socket it is served on: sockets.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -26,19 +25,9 @@ from agent.deviceplugin.plan import (
     plan_allocation,
     validate_ids,
 )
-from agent.errors import AgentError
 from proto.deviceplugin import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH: Final = 107
-# (st_dev, st_ino, st_ctime_ns): inode numbers are reused at once, creation times are not.
-SocketId = tuple[int, int, int]
-
-
-class ServeError(AgentError):
-    """A plugin or registration socket could not be served (retryable)."""
 
 
 class ResourceFeed:
@@ -219,40 +208,6 @@ async def _refuse(context: Any, plan: ResourcePlan, exc: InvalidRequest) -> NoRe
     log.warning("%s: refused request: %s", plan.resource, exc)
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     raise AssertionError("context.abort returned")  # it raises to end the call
-
-
-def socket_id(path: Path) -> SocketId | None:
-    """Identity of the file at `path` (None when absent): a recreated socket differs."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-async def start_unix_server(path: Path, add_services: Callable[[Any], None]) -> Any:
-    """A started grpc.aio server on unix socket `path` (a stale file there is replaced)."""
-    _prepare_socket_path(path)
-    server = grpc.aio.server()
-    add_services(server)
-    try:
-        server.add_insecure_port(f"unix://{path}")
-        await server.start()
-    except Exception as exc:  # grpc raises RuntimeError for bind failures
-        await server.stop(None)
-        raise ServeError(f"{path}: cannot serve: {exc}") from exc
-    return server
-
-
-def _prepare_socket_path(path: Path) -> None:
-    # Quick local metadata calls: not worth a thread hop.
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise ServeError(f"{path}: socket path longer than {MAX_SOCKET_PATH} bytes")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-    except OSError as exc:
-        raise ServeError(f"{path}: {exc.strerror}") from exc
 
 
 def add_device_plugin(servicer: DevicePluginServicer) -> Callable[[Any], None]:

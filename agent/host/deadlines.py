@@ -19,7 +19,7 @@ TIMED_OUT: Final = "ETIMEDOUT"
 THREAD_NAME: Final = "nicfleet-sysfs"
 
 
-class Abandoned(BaseException):
+class ReadAbandoned(BaseException):
     """Ends a worker whose collection was given up while it was blocked in a read.
 
     A BaseException so that no `except ReadFailed`/`except Exception` on the way stops it.
@@ -51,7 +51,7 @@ class ReadGuard:
             with self._lock:
                 self._hung.discard(path)
                 self._abandoned.discard(me)
-            raise Abandoned
+            raise ReadAbandoned
 
     def run(self, work: Callable[[], T], *, timeout: float | None, retries: int) -> T:
         """`work()` in a daemon thread, given up after `timeout` seconds, at most
@@ -94,7 +94,7 @@ class _Attempt(Generic[T]):
     def _run(self) -> None:
         try:
             self._outcome.append(self._work())
-        except Abandoned:
+        except ReadAbandoned:
             pass  # given up on: nobody waits for this result any more
         except BaseException as exc:
             self._failure.append(exc)

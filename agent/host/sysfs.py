@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from agent.errors import ParseError, ReadErrorLog, ReadFailed, SysfsRootError
-from agent.host.deadlines import Abandoned, ReadGuard
+from agent.host.deadlines import ReadAbandoned, ReadGuard
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class Sysfs:
         finally:
             try:
                 self._guard.leave(me, path)
-            except Abandoned:
+            except ReadAbandoned:
                 if fd >= 0:
                     os.close(fd)
                 raise

@@ -13,7 +13,14 @@ from typing import NamedTuple
 
 from agent.lab.layout import sriov_plans, vf_address
 from agent.lab.models import ROOT_PORT_ACS_CAP, SWITCH_ACS_CAP
-from agent.lab.spec import AcsSetting, NodeSpec, bridge_of, guid_text, parse_cpulist, pci_bus
+from agent.lab.nodespec import (
+    AcsSetting,
+    NodeSpec,
+    bridge_of,
+    guid_text,
+    parse_cpulist,
+    pci_bus,
+)
 from proto.subjects import InvalidNodeName, validate_node_name
 
 Problem = tuple[str, str]

@@ -16,6 +16,7 @@ from typing import IO, Any
 import click
 import msgspec
 
+from agent.errors import AgentError
 from agent.lab.faults import (
     FaultError,
     FaultRecord,
@@ -28,10 +29,10 @@ from agent.lab.faults import port_down as inject_port_down
 from agent.lab.faults import port_up as inject_port_up
 from agent.lab.hotplug import device_add, device_remove
 from agent.lab.layout import plan
+from agent.lab.nodespec import NodeSpec
 from agent.lab.rdma import vf_adapters
 from agent.lab.render import RenderError, render
 from agent.lab.spec import (
-    NodeSpec,
     SpecError,
     builtin_specs,
     load_builtin,
@@ -39,10 +40,9 @@ from agent.lab.spec import (
     with_node_name,
 )
 from agent.lab.synthetic import MAX_COUNTERS, MAX_HW_COUNTERS, synthetic_spec
+from proto.runtime.cliopts import output_option
 
-_OUTPUT = click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+_OUTPUT = output_option("text", "json")
 _ROOT = click.option(
     "--root",
     required=True,
@@ -58,7 +58,7 @@ _IN_PLACE = click.option(
 )
 
 
-class BadInput(click.ClickException):
+class LabInputError(AgentError, click.ClickException):
     """Printed as `error: ...` with exit code 2, the code click uses for usage errors."""
 
     exit_code = 2
@@ -67,7 +67,8 @@ class BadInput(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-@click.group("lab")
+# Same help options as when reached through `nicfleet-agent` (tests invoke the group alone).
+@click.group("lab", context_settings={"help_option_names": ["-h", "--help"]})
 def lab() -> None:
     """Simulated RDMA nodes: render sysfs trees from node specs and inject faults."""
 
@@ -127,7 +128,7 @@ def render_cmd(
 ) -> None:
     """Render a node spec (--spec FILE, --builtin NAME or --synthetic N) into --out."""
     if [spec_file, builtin_name, synthetic].count(None) != 2:
-        raise BadInput("give exactly one of --spec FILE, --builtin NAME or --synthetic N")
+        raise LabInputError("give exactly one of --spec FILE, --builtin NAME or --synthetic N")
     try:
         spec: NodeSpec
         if synthetic is not None:
@@ -140,7 +141,7 @@ def render_cmd(
             spec = with_node_name(spec, node_name)
         render(spec, out, overwrite=overwrite)
     except (SpecError, RenderError, ValueError) as exc:
-        raise BadInput(str(exc)) from exc
+        raise LabInputError(str(exc)) from exc
     netdevs = sum(p.netdev is not None for a in spec.adapters for p in a.ports)
     devices = len(spec.adapters) + len(vf_adapters(spec, plan(spec)))  # VFs' RDMA devices too
     summary = {
@@ -239,7 +240,7 @@ def acs_cmd(root: Path, address: str, control: str, in_place: bool) -> None:
     try:
         value = int(control, 0)
     except ValueError:
-        raise BadInput(f"--control: not a number: {control!r}") from None
+        raise LabInputError(f"--control: not a number: {control!r}") from None
     _emit(lambda: set_acs(root, address, value, atomic=not in_place))
 
 
@@ -276,7 +277,7 @@ def kubelet_cmd(dirs: tuple[Path, ...]) -> None:
     for d in dirs:
         problem = kubeletrun.socket_path_problem(d)
         if problem is not None:
-            raise BadInput(f"--dir {problem}")
+            raise LabInputError(f"--dir {problem}")
     asyncio.run(_serve_kubelets(dirs))
 
 
@@ -298,5 +299,5 @@ def _emit(inject: Callable[[], FaultRecord]) -> None:
     try:
         record = inject()
     except FaultError as exc:
-        raise BadInput(str(exc)) from exc
+        raise LabInputError(str(exc)) from exc
     click.echo(msgspec.json.encode(record).decode())

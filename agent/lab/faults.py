@@ -16,9 +16,10 @@ from typing import Literal
 
 import msgspec
 
+from agent.errors import AgentError
 from agent.lab import pciconfig
 from agent.lab.models import COUNTERS_EXT_TWIN, HW_COUNTER_BITS, LEGACY_COUNTERS, PMA_COUNTERS
-from agent.lab.spec import PCI_ADDRESS_RE
+from agent.lab.nodespec import PCI_ADDRESS_RE
 from proto.ibta import PHYS_STATES, PORT_STATES
 
 FaultKind = Literal[
@@ -30,7 +31,7 @@ _TMP_DIR = ".lab-tmp"  # at the tree root: outside every directory a reader list
 COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
 
 
-class FaultError(ValueError):
+class FaultError(AgentError, ValueError):
     """The fault's target does not exist (or is not what it should be); names the path."""
 
     def __init__(self, path: Path | str, message: str) -> None:

@@ -20,7 +20,7 @@ from agent.lab.models import (
     SWITCH_ACS_CAP,
     LinkDefault,
 )
-from agent.lab.spec import (
+from agent.lab.nodespec import (
     AcsSetting,
     Adapter,
     Bridge,

@@ -1,7 +1,7 @@
 """Hardware and kernel tables the lab renders from: PCI ids per model, default PCIe links,
 the mlx5 counter sets (names and widths), ACS capability bits and module srcversions.
 
-Pure data plus tiny helpers; no I/O. Specs (spec.py) refer to models by name, the renderer
+Pure data plus tiny helpers; no I/O. Specs (nodespec.py) refer to models by name, the renderer
 and the fault injector look the details up here.
 """
 

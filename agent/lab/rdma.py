@@ -23,7 +23,7 @@ from agent.lab.models import (
     ROCE_CONG_COUNTERS,
     hca_type_of,
 )
-from agent.lab.spec import Adapter, NodeSpec, Port, guid_text
+from agent.lab.nodespec import Adapter, NodeSpec, Port, guid_text
 from proto.ibta import PHYS_STATES, PORT_STATES
 
 # Per-lane rate in tenths of Gb/s, as rate_show() in drivers/infiniband/core/sysfs.c has it.

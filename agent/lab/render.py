@@ -13,11 +13,12 @@ from pathlib import Path
 
 from msgspec import UNSET
 
+from agent.errors import AgentError
 from agent.lab import pciconfig
 from agent.lab.layout import Function, Layout, buses, iommu_groups, multifunction, plan
 from agent.lab.models import srcversion_of
+from agent.lab.nodespec import NodeSpec, module_of, parse_cpulist
 from agent.lab.rdma import port_gids, rate_text, vf_adapters, write_adapter, write_rdma_cm
-from agent.lab.spec import NodeSpec, module_of, parse_cpulist
 
 __all__ = [
     "MARKER",
@@ -40,7 +41,7 @@ _STYLES: dict[str, pciconfig.Style] = {"gpu": "gpu", "adapter": "nic", "vf": "vf
 IOMMU_GROUP_TYPE = "DMA-FQ"  # translated DMA with a flush queue, the default on x86 today
 
 
-class RenderError(Exception):
+class RenderError(AgentError):
     """The tree cannot be written where asked (non-empty directory, not a lab tree)."""
 
 

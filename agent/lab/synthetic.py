@@ -11,7 +11,7 @@ from typing import Literal
 import msgspec
 
 from agent.lab.models import ALL_HW_COUNTERS, PMA_COUNTERS
-from agent.lab.spec import (
+from agent.lab.nodespec import (
     Adapter,
     Bridge,
     Gpu,
@@ -21,8 +21,8 @@ from agent.lab.spec import (
     NodeSpec,
     Port,
     Switch,
-    check_spec,
 )
+from agent.lab.spec import check_spec
 
 MAX_ADAPTERS = 128
 MAX_COUNTERS = len(PMA_COUNTERS)  # 21: every file a current mlx5 port has in counters/

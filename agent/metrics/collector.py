@@ -2,7 +2,8 @@
 
 Nothing is counted twice: every value comes from state the agent keeps anyway (the
 desired-config watcher, the publisher's stats, the last snapshot, port poll and counter
-batch, the device-plugin manager; the port and device-plugin families: agent.metrics.ports).
+batch, the advertised device-plugin resources; the port and device-plugin families:
+agent.metrics.ports).
 Served over HTTP by `MetricsServer` when `run --metrics-addr` is given. docs/metrics.md.
 """
 

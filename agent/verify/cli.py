@@ -25,6 +25,7 @@ from agent.verify.report import console, render
 from agent.verify.run import Method, VerifySettings, run_verify
 from proto.codec import to_json
 from proto.messages.validation import ValidationResult
+from proto.runtime.cliopts import output_option
 from proto.runtime.natsconnect import NatsClientSecurity
 from proto.runtime.natsflags import nats_security_options
 from proto.subjects import InvalidValidationId, validate_validation_id
@@ -43,14 +44,7 @@ def _fail(message: str) -> None:
 
 
 @click.command()
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: readable report; json: the ValidationResult.",
-)
+@output_option("text", "json", help="text: readable report; json: the ValidationResult.")
 @click.option(
     "--sysfs-root",
     type=click.Path(path_type=Path),

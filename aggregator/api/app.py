@@ -24,7 +24,9 @@ from aggregator.api.auth import ApiAuth, auth_middleware
 from aggregator.api.chain import add_chain_routes
 from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.api.labelselect import Requirement, parse_selector, selected
-from aggregator.api.openapi import NODE_NAME_FILTER, OPENAPI_PATH, openapi_document
+from aggregator.api.openapi import openapi_document
+from aggregator.api.openapiops import OPENAPI_PATH
+from aggregator.api.openapischemas import NODE_NAME_FILTER
 from aggregator.api.paging import (
     Key,
     NameIndex,
@@ -39,8 +41,9 @@ from aggregator.api.paging import (
 )
 from aggregator.api.tokenreview import TokenReviewer
 from aggregator.cluster import NO_CLUSTER, ClusterView
-from aggregator.fleet.state import Fleet, describe, node_state
+from aggregator.fleet.state import Fleet
 from aggregator.fleet.summaries import SummaryCache
+from aggregator.fleet.views import describe, node_state
 from aggregator.reconcile.loop import ReconcileReport
 from proto.codec import to_json
 from proto.http import NODE_STATES, NodeState, NodeSummary, ValidationRecord

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.api.errors import error_response
 from aggregator.api.tokenreview import Allowed, Refused, TokenReviewer, Unavailable
+from aggregator.errors import AggregatorError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ REALM: Final = 'Bearer realm="nicfleet"'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class TokenFileError(ValueError):
+class TokenFileError(AggregatorError, ValueError):
     """A token file that cannot be used; the message names the line, never the token."""
 
     def __init__(self, source: str, line: int | None, message: str) -> None:

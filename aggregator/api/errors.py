@@ -11,6 +11,7 @@ from typing import Final, Literal
 import msgspec
 from aiohttp import web
 
+from aggregator.errors import AggregatorError
 from proto.codec import to_json
 
 ErrorCode = Literal[
@@ -61,7 +62,7 @@ def error_response(
     return response
 
 
-class BadParameter(Exception):
+class BadParameter(AggregatorError):
     """A request parameter (query or path) that fails validation; becomes a 400."""
 
     def __init__(self, field: str, message: str) -> None:

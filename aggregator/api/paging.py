@@ -18,13 +18,15 @@ from typing import Final
 
 import msgspec
 
+from aggregator.errors import AggregatorError
+
 Key = tuple[str | int, ...]
 TOKEN_VERSION: Final = 1
 MAX_TOKEN_LENGTH: Final = 2048  # far above any key the API sorts by (node names <= 253)
 _CHECK_LENGTH: Final = 12  # hex digits of the checksum: catches edits, it is no secret
 
 
-class PagingError(ValueError):
+class PagingError(AggregatorError, ValueError):
     """A bad `limit`, `offset` or `continue`; `field` names the query parameter."""
 
     def __init__(self, field: str, message: str) -> None:

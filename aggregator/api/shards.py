@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from aggregator.api.errors import error_response
-from aggregator.api.openapi import SHARD_PATH
+from aggregator.api.openapiops import SHARD_PATH
 from aggregator.fleet.state import Fleet
 from aggregator.replicas.owner import ShardOwner
 from aggregator.rules.finding import Finding

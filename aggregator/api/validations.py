@@ -19,7 +19,7 @@ from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.validations.request import (
-    InvalidRequest,
+    InvalidValidationRequest,
     ResourceNotAdvertised,
     UnknownValidationNode,
     check_request,
@@ -63,7 +63,7 @@ def add_validation_routes(
         try:
             wanted = parse_request(body)
             check_request(wanted, fleet=fleet.view(), cluster=cluster())
-        except InvalidRequest as exc:
+        except InvalidValidationRequest as exc:
             raise BadParameter(exc.field, exc.message) from exc
         except UnknownValidationNode as exc:
             return error_response(

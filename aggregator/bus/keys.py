@@ -17,6 +17,7 @@ import nkeys
 
 from aggregator.bus.permissions import Identity, Role, ServerTls, render_server_config
 from proto import subjects
+from proto.runtime.cliopts import output_option
 from proto.runtime.natsconnect import NatsSecurityError, read_user_seed
 
 SERVER_CONFIG = "server-auth.conf"
@@ -160,8 +161,7 @@ def _nodes_from_file(path: Path) -> list[str]:
               help="Server private key (with --tls-cert).")  # fmt: skip
 @click.option("--tls-ca", type=click.Path(path_type=Path, dir_okay=False),
               help="CA that signs client certificates (with --tls-cert).")  # fmt: skip
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: a summary of what was written.")  # fmt: skip
+@output_option("text", "json", help="json: a summary of what was written.")
 @click.option("--partitions", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Map node subjects to N partitions for sharded aggregators "
               "(`run --partitions N`, docs/scaling.md).")  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 from pathlib import Path
@@ -16,23 +15,25 @@ from pathlib import Path
 import click
 
 from aggregator import __version__
-from aggregator.alerts.alertmanager import AlertmanagerSettings
-from aggregator.alerts.wiring import AlertWiring
-from aggregator.api.auth import ApiAuth, TokenFileError, load_token_file
 from aggregator.api.tokenreview import ReviewSettings
 from aggregator.bus.keys import nats_auth
 from aggregator.cli.reviewflags import token_review_options
+from aggregator.cli.runsettings import (
+    FlagError,
+    RunFlags,
+    aggregator_settings,
+    announce_auth,
+    read_api_auth,
+    read_policies,
+)
 from aggregator.cli.validationflags import (
     ValidationFlags,
     validation_options,
-    with_validation_flags,
 )
 from aggregator.errors import AggregatorError
-from aggregator.kube.client import KubeSettings
-from aggregator.replicas.partitions import ShardSettings
 from aggregator.service import AggregatorService, AggregatorSettings
-from proto.policy import Policy, PolicyError, load_policies
-from proto.runtime.logs import FORMATS, LEVELS, LogFormat, configure_logging
+from proto.runtime.cliopts import log_options
+from proto.runtime.logs import LogFormat, configure_logging
 from proto.runtime.natsconnect import NatsClientSecurity
 from proto.runtime.natsflags import nats_security_options
 
@@ -168,20 +169,7 @@ def main() -> None:
 )
 @token_review_options
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@click.option(
-    "--log-level",
-    type=click.Choice(LEVELS, case_sensitive=False),
-    envvar="NICFLEET_LOG_LEVEL",
-    help="Log level (overrides -v). Default: info.",
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(FORMATS),
-    default="auto",
-    show_default=True,
-    envvar="NICFLEET_LOG_FORMAT",
-    help="json: one JSON object per line; text; auto: text on a terminal, else JSON.",
-)
+@log_options(level_default="info")
 def run(
     nats_url: str | None,
     nats_security: NatsClientSecurity,
@@ -210,91 +198,27 @@ def run(
     """Consume node messages from NATS, keep the fleet view and serve the API."""
     configure_logging(log_level or ["info", "info", "debug"][min(verbose, 2)], log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    policies: tuple[Policy, ...] = ()
-    if policy_file is not None:
-        try:
-            policies = load_policies(policy_file.read_text(), source=str(policy_file))
-        except (PolicyError, OSError, UnicodeDecodeError) as exc:
-            click.echo(f"error: --policy: {exc}", err=True)
-            raise SystemExit(2) from exc
-    if nats_server_config is not None and nats_url is not None:
-        click.echo("error: --nats-server-config: only for the embedded server (no --nats-url)",
-                   err=True)  # fmt: skip
-        raise SystemExit(2)
-    ways = [w for w in (kubeconfig is not None, in_cluster, kube_api is not None) if w]
-    if len(ways) > 1:
-        click.echo("error: use only one of --kubeconfig, --in-cluster and --kube-api", err=True)
-        raise SystemExit(2)
-    if kube_context is not None and kubeconfig is None:
-        click.echo("error: --kube-context: needs --kubeconfig", err=True)
-        raise SystemExit(2)
-    api_auth: ApiAuth | None = None
-    if api_token_file is not None:
-        try:
-            api_auth = load_token_file(api_token_file, metrics_public=metrics_public)
-        except TokenFileError as exc:
-            click.echo(f"error: --api-token-file: {exc}", err=True)
-            raise SystemExit(2) from exc
-        counts = api_auth.counts()
-        logging.getLogger(__name__).info(
-            "API authentication on: %d read and %d admin tokens from %s; /metrics %s",
-            counts["read"], counts["admin"], api_token_file,
-            "public" if metrics_public else "needs a token",
-        )  # fmt: skip
-    elif api_token_review is None:
-        logging.getLogger(__name__).warning("API authentication off: the HTTP API is open")
-    if api_token_review is not None:
-        if not ways:
-            click.echo("error: --api-token-review: needs --in-cluster, --kubeconfig or "
-                       "--kube-api", err=True)  # fmt: skip
-            raise SystemExit(2)
-        api_auth = api_auth or ApiAuth(tokens=(), metrics_public=metrics_public)
-        logging.getLogger(__name__).info(
-            "API authentication on: TokenReview; read: %s, admin: %s",
-            ", ".join(api_token_review.read_groups + api_token_review.read_users),
-            ", ".join(api_token_review.admin_groups + api_token_review.admin_users),
-        )
-    if ways and policy_file is not None:
-        click.echo(
-            "error: --policy: with a cluster, policies come from NicFleetPolicy objects", err=True
-        )
-        raise SystemExit(2)
-    kube = (
-        KubeSettings(
-            host=kube_api, kubeconfig=kubeconfig, context=kube_context, in_cluster=in_cluster
-        )
-        if ways
-        else None
-    )
-    settings = AggregatorSettings(
-        kube=kube,
-        nats_url=nats_url,
-        nats_security=nats_security,
-        nats_server_config=nats_server_config,
-        listen_host=listen[0],
-        listen_port=listen[1],
-        stale_after=stale_after,
-        nats_store_dir=nats_store_dir,
-        ready_file=ready_file,
-        policies=policies,
-        policy_file=policy_file,
-        api_auth=api_auth,
+    flags = RunFlags(
+        nats_url=nats_url, nats_security=nats_security, nats_server_config=nats_server_config,
+        listen=listen, policy_file=policy_file, stale_after=stale_after,
+        nats_store_dir=nats_store_dir, ready_file=ready_file, alertmanager_url=alertmanager_url,
+        kubeconfig=kubeconfig, kube_context=kube_context, in_cluster=in_cluster,
+        kube_api=kube_api, identity=identity, kv_replicas=kv_replicas,
+        validation_flags=validation_flags, partitions=partitions,
+        api_token_file=api_token_file, metrics_public=metrics_public,
         api_token_review=api_token_review,
-        shards=ShardSettings(partitions=partitions, replicas=kv_replicas),
-        kv_replicas=kv_replicas,
-        alerts=AlertWiring(
-            alertmanager=AlertmanagerSettings(url=alertmanager_url) if alertmanager_url else None
-        ),
-    )
-    if identity:
-        settings = dataclasses.replace(settings, identity=identity)
-    settings = with_validation_flags(settings, validation_flags)
+    )  # fmt: skip
+    try:
+        policies = read_policies(policy_file)
+        api_auth = read_api_auth(flags)
+        settings = aggregator_settings(flags, policies=policies, api_auth=api_auth)
+    except FlagError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from exc
+    announce_auth(flags, api_auth)
     try:
         asyncio.run(_serve(settings))
-    except AggregatorError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(1) from exc
-    except OSError as exc:  # e.g. the listen address is taken
+    except (AggregatorError, OSError) as exc:  # OSError: e.g. the listen address is taken
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from exc
 

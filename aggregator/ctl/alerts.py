@@ -33,6 +33,7 @@ from aggregator.ctl.client import (
 )
 from aggregator.ctl.render import console_for
 from aggregator.rules.catalog import SEVERITY_ORDER
+from proto.runtime.cliopts import output_option
 
 EPILOG: Final = """\b
 Exit codes:
@@ -79,10 +80,9 @@ severity_option = click.option("--severity", type=click.Choice(SEVERITIES), help
 @node_option
 @rule_option
 @severity_option
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "wide", "json"]), default="table",
-    show_default=True, help="Table, wide table (with evidence), or the API's JSON.",
-)  # fmt: skip
+@output_option(
+    "table", "wide", "json", help="Table, wide table (with evidence), or the API's JSON."
+)
 @click.pass_obj
 def findings(
     server: str, node: str | None, rule: str | None, severity: str | None, output: str
@@ -127,10 +127,9 @@ def _print_findings(items: list[dict[str, Any]], output: str) -> None:
 @rule_option
 @severity_option
 @click.option("--status", type=click.Choice(["firing", "resolved"]), help="Only this state.")
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "wide", "json"]), default="table",
-    show_default=True, help="Table, wide table, or JSON (with --follow: one object per line).",
-)  # fmt: skip
+@output_option(
+    "table", "wide", "json", help="Table, wide table, or JSON (with --follow: one object per line)."
+)
 @click.pass_obj
 def alerts(
     server: str,

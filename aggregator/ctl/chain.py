@@ -22,6 +22,7 @@ from rich.text import Text
 from aggregator.ctl.client import AggregatorClient, ApiError, BadInput
 from aggregator.ctl.render import console_for
 from proto.http import Link, ResourceSummary, Trace
+from proto.runtime.cliopts import output_option
 from proto.subjects import InvalidNodeName, validate_node_name
 
 TRACE_EPILOG: Final = """\b
@@ -51,13 +52,8 @@ class _ChainClient(AggregatorClient):
 @click.command(epilog=TRACE_EPILOG)
 @click.argument("node")
 @click.argument("resource")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "wide", "json"]),
-    default="table",
-    show_default=True,
-    help="The chain (wide: with every link's evidence), or the API's JSON.",
+@output_option(
+    "table", "wide", "json", help="The chain (wide: with every link's evidence), or the API's JSON."
 )
 @click.pass_context
 def trace(ctx: click.Context, node: str, resource: str, output: str) -> None:
@@ -81,12 +77,10 @@ def trace(ctx: click.Context, node: str, resource: str, output: str) -> None:
 @click.command(epilog=RESOURCES_EPILOG)
 @click.option("--node", help="Only this node's share of each resource.")
 @click.option("--name", help="Only this resource (full name, rdma/...).")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "wide", "json"]),
-    default="table",
-    show_default=True,
+@output_option(
+    "table",
+    "wide",
+    "json",
     help="Table, wide (zero/stale nodes and a per-node table), or the API's JSON.",
 )
 @click.pass_obj

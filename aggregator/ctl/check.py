@@ -19,12 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from aggregator.ctl.render import console_for
+from aggregator.errors import AggregatorError
 from aggregator.rules.engine.registry import evaluate_snapshots
 from aggregator.rules.finding import Finding
-from aggregator.rules.thresholds import ThresholdError, Thresholds, parse_alerts
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, ThresholdError, Thresholds, parse_alerts
 from proto.codec import CodecError, from_json
 from proto.inventory import NodeSnapshot
 from proto.policy import Policy, PolicyError, load_policies
+from proto.runtime.cliopts import output_option
 
 MAX_FILE: Final = 16 * 1024 * 1024
 CHECK_EPILOG: Final = """\b
@@ -39,7 +41,7 @@ no liveness); counter rules need live counter batches and do not fire here."""
 _SEVERITY_STYLE: Final = {"critical": "red", "warning": "yellow", "info": "cyan"}
 
 
-class CheckInputError(click.ClickException):
+class CheckInputError(AggregatorError, click.ClickException):
     exit_code = 2
 
 
@@ -73,12 +75,12 @@ def load_snapshots(paths: tuple[Path, ...]) -> list[NodeSnapshot]:
 
 def load_policy_file(path: Path | None) -> tuple[tuple[Policy, ...], Thresholds]:
     if path is None:
-        return (), Thresholds()
+        return (), DEFAULT_THRESHOLDS
     try:
         policies = load_policies(_read(path, "policy"), source=str(path))
     except PolicyError as exc:
         raise CheckInputError(str(exc)) from exc
-    thresholds = Thresholds()
+    thresholds = DEFAULT_THRESHOLDS
     for policy in sorted(policies, key=lambda p: p.metadata.name):
         try:
             thresholds = parse_alerts(policy.spec.alerts, thresholds)
@@ -129,14 +131,7 @@ def render_findings(findings: list[Finding]) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="A NicFleetPolicy YAML file (one or more documents).",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Table, or a JSON list of findings.",
-)
+@output_option("table", "json", help="Table, or a JSON list of findings.")
 def check(
     snapshots: tuple[Path, ...], policy: Path | None, output: Literal["table", "json"]
 ) -> None:

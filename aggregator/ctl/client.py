@@ -3,8 +3,9 @@
 Turns transport failures and API error bodies into `CtlError`s a person can act on,
 each carrying the process exit code:
 
-CtlError (click.ClickException)
+CtlError (aggregator.errors.AggregatorError, click.ClickException)
 ├── ApiError       the server answered with an error or an unreadable body  (exit 1)
+│   └── NodeNotFound  a node the aggregator does not know, with close matches
 ├── BadInput       the request was rejected as invalid (HTTP 400)            (exit 2)
 ├── Unreachable    no answer: refused, DNS, timeout                          (exit 3)
 └── AuthRefused    the token was missing, unknown or lacks scope (401/403)   (exit 4)
@@ -24,6 +25,7 @@ import msgspec
 
 from aggregator.ctl.config import DEFAULT_SERVER as DEFAULT_SERVER
 from aggregator.ctl.config import Settings
+from aggregator.errors import AggregatorError
 from proto.http import NodeDetail, NodeSummary
 
 DEFAULT_TIMEOUT: Final = 10.0
@@ -35,7 +37,7 @@ TOKEN_META_KEY: Final = "nicfleet.token"
 SETTINGS_META_KEY: Final = "nicfleet.settings"
 
 
-class CtlError(click.ClickException):
+class CtlError(AggregatorError, click.ClickException):
     exit_code = 1
 
 
@@ -47,7 +49,7 @@ class BadInput(CtlError):
     exit_code = 2
 
 
-class Unreachable(CtlError):
+class Unreachable(CtlError, retryable=True):
     exit_code = 3
 
 
@@ -55,7 +57,7 @@ class AuthRefused(CtlError):
     exit_code = 4
 
 
-class UnknownNode(ApiError):
+class NodeNotFound(ApiError):
     """A node the aggregator does not know, with close matches from the node list."""
 
     def __init__(self, node: str, suggestions: tuple[str, ...], known: int | None = None) -> None:
@@ -252,7 +254,7 @@ class AggregatorClient:
         if response.is_success and body is not None:
             return body
         error = _api_error(self.server, response, body)
-        if isinstance(error, UnknownNode) and not error.suggestions:
+        if isinstance(error, NodeNotFound) and not error.suggestions:
             error = self._with_close_matches(error)
         raise error
 
@@ -269,13 +271,13 @@ class AggregatorClient:
             str(i.get("name")) for i in self.list_nodes().get("items") or () if isinstance(i, dict)
         ]
 
-    def _with_close_matches(self, error: UnknownNode) -> UnknownNode:
+    def _with_close_matches(self, error: NodeNotFound) -> NodeNotFound:
         try:
             names = self.node_names()
         except CtlError:
             return error
         close = tuple(difflib.get_close_matches(error.node, names, n=3, cutoff=0.5))
-        return UnknownNode(error.node, close, known=len(names))
+        return NodeNotFound(error.node, close, known=len(names))
 
 
 def fail_if_partial(body: dict[str, Any]) -> None:
@@ -343,7 +345,7 @@ def _api_error(server: str, response: httpx.Response, body: dict[str, Any] | Non
         url = response.request.url
         name = url.params.get("node") or url.path.rsplit("/", 1)[-1]
         suggestions = tuple(s for s in error.get("suggestions") or () if isinstance(s, str))
-        return UnknownNode(name, suggestions)
+        return NodeNotFound(name, suggestions)
     if response.status_code == 400:
         return BadInput(message)
     return ApiError(f"aggregator answered HTTP {response.status_code}: {message}")

@@ -14,7 +14,7 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from aggregator.ctl.client import AggregatorClient, CtlError, read_token_file
-from aggregator.ctl.config import ConfigError, settings_from
+from aggregator.ctl.config import CtlConfigError, settings_from
 
 SHELLS: Final = ("bash", "zsh", "fish")
 COMPLETE_VAR: Final = "_NICFLEETCTL_COMPLETE"
@@ -52,7 +52,7 @@ def complete_node_names(
         token = read_token_file(settings.token_file) if settings.token_file else None
         with AggregatorClient(settings.server, timeout=LOOKUP_TIMEOUT, token=token) as client:
             names = client.node_names()
-    except (CtlError, ConfigError):
+    except (CtlError, CtlConfigError):
         return []
     return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]
 

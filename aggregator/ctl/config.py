@@ -16,6 +16,8 @@ from typing import Final
 import click
 import yaml
 
+from aggregator.errors import AggregatorError
+
 DEFAULT_SERVER: Final = "http://127.0.0.1:8080"
 CONFIG_ENV: Final = "NICFLEET_CONFIG"
 SERVER_ENV: Final = "NICFLEET_SERVER"
@@ -24,7 +26,7 @@ _TOP_KEYS: Final = ("contexts", "current-context")
 _CONTEXT_KEYS: Final = ("name", "server", "token-file")
 
 
-class ConfigError(click.ClickException):
+class CtlConfigError(AggregatorError, click.ClickException):
     """The context file is unreadable or invalid (exit 2, like every bad input)."""
 
     exit_code = 2
@@ -74,7 +76,7 @@ def parse_config(text: str, path: Path) -> Config:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from exc
+        raise CtlConfigError(f"{where}: not valid YAML: {problem}") from exc
     if root is None:
         return Config(path=path)
     top = _mapping(root, path, "$")
@@ -157,8 +159,8 @@ def _string(node: yaml.Node, path: Path, where: str) -> str:
     return str(node.value)
 
 
-def _error(path: Path, node: yaml.Node, field: str, reason: str) -> ConfigError:
-    return ConfigError(f"{path}:{node.start_mark.line + 1}: {field}: {reason}")
+def _error(path: Path, node: yaml.Node, field: str, reason: str) -> CtlConfigError:
+    return CtlConfigError(f"{path}:{node.start_mark.line + 1}: {field}: {reason}")
 
 
 def is_server_url(value: str) -> bool:
@@ -182,9 +184,9 @@ def resolve(
             chosen = config.get(name)
             if chosen is None:
                 have = ", ".join(c.name for c in config.contexts) or "none"
-                raise ConfigError(f"{config.path}: no context named {name!r} (have: {have})")
+                raise CtlConfigError(f"{config.path}: no context named {name!r} (have: {have})")
     elif context is not None:
-        raise ConfigError(f"--context {context}: there is no context file")
+        raise CtlConfigError(f"--context {context}: there is no context file")
     where = f"context {chosen.name!r} in {config.path}" if chosen and config else None
     if server_flag is not None:
         server, server_source = server_flag, "--server"
@@ -222,7 +224,7 @@ def settings_from(
         context=context,
     )
     if not is_server_url(settings.server):
-        raise ConfigError(f"{settings.server_source}: {settings.server!r} is not an http(s) URL")
+        raise CtlConfigError(f"{settings.server_source}: {settings.server!r} is not an http(s) URL")
     return settings
 
 
@@ -234,7 +236,7 @@ def load_config(path: Path) -> Config | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"{path}: cannot read the context file: {reason}") from exc
+        raise CtlConfigError(f"{path}: cannot read the context file: {reason}") from exc
     return parse_config(text, path)
 
 

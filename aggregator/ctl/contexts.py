@@ -11,8 +11,8 @@ import click
 from aggregator.ctl.config import (
     DEFAULT_SERVER,
     Config,
-    ConfigError,
     Context,
+    CtlConfigError,
     config_path,
     is_server_url,
     load_config,
@@ -49,7 +49,7 @@ def use_context(name: str) -> None:
     config = _load_for_edit()
     if config.get(name) is None:
         have = ", ".join(c.name for c in config.contexts) or "none"
-        raise ConfigError(f"{config.path}: no context named {name!r} (have: {have})")
+        raise CtlConfigError(f"{config.path}: no context named {name!r} (have: {have})")
     save_config(replace(config, current_context=name))
     click.echo(f'Switched to context "{name}".')
 

@@ -42,6 +42,7 @@ from aggregator.ctl.demofleet import (
     wait_for,
 )
 from aggregator.ctl.render import console_for, render_node, render_nodes
+from proto.runtime.cliopts import output_option
 
 
 def _get(client: httpx.Client, path: str) -> Any:
@@ -220,14 +221,7 @@ def _wait_for_interrupt(fleet: Fleet) -> None:
 
 
 @click.command()
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="json: print only a JSON summary at the end.",
-)
+@output_option("table", "json", help="json: print only a JSON summary at the end.")
 @click.option("--serve", is_flag=True, help="Keep the fleet running until Ctrl-C.")
 @click.option(
     "--workdir",

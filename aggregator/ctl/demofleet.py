@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from aggregator.ctl.demochain import plugin_config
+from aggregator.errors import AggregatorError
 
 # (node name, built-in lab spec): distinct specs, so no two nodes share GUIDs or MACs.
 # gpu-ib-01 reproduces a real 8xH100 `nvidia-smi topo -m` matrix.
@@ -36,7 +37,7 @@ KUBELET_STATE = "lab-kubelet.json"  # what `nicfleet-agent lab kubelet` writes p
 T = TypeVar("T")
 
 
-class DemoError(click.ClickException):
+class DemoError(AggregatorError, click.ClickException):
     exit_code = 1
 
 

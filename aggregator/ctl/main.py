@@ -36,6 +36,7 @@ from aggregator.ctl.render import console_for, render_node, render_nodes
 from aggregator.ctl.topology import build_matrix, render_matrix, snapshot_of
 from aggregator.ctl.watch import add_watch, add_yaml
 from proto.http import NODE_STATES
+from proto.runtime import cliopts
 from proto.subjects import InvalidNodeName, validate_node_name
 
 Output = Literal["table", "json", "wide"]
@@ -49,13 +50,8 @@ Exit codes:
 # Commands that never talk to the aggregator: a broken context file must not stop them.
 OFFLINE: Final = frozenset({"check", "demo", "completion", "config"})
 
-output_option = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json", "wide"]),
-    default="table",
-    show_default=True,
-    help="Table, wide table (more columns), or the API's JSON.",
+output_option = cliopts.output_option(
+    "table", "json", "wide", help="Table, wide table (more columns), or the API's JSON."
 )
 
 
@@ -169,13 +165,8 @@ def topology(server: str, name: str, output: Output) -> None:
 
 
 @cli.command()
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Lines, or JSON {client, server, server_url, server_error}.",
+@cliopts.output_option(
+    "table", "json", help="Lines, or JSON {client, server, server_url, server_error}."
 )
 @click.pass_obj
 def version(server: str, output: str) -> None:

@@ -32,6 +32,7 @@ from aggregator.ctl.client import (
 )
 from aggregator.ctl.render import console_for
 from proto.http import FINAL_PHASES, ResourceSummary, ValidationRecord
+from proto.runtime.cliopts import output_option
 from proto.subjects import InvalidNodeName, validate_node_name
 
 EPILOG: Final = """\b
@@ -104,14 +105,7 @@ class _ValidationClient(AggregatorClient):
     show_default=True,
     help="Seconds between progress polls.",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A summary (or matrix), or the API's JSON records.",
-)
+@output_option("table", "json", help="A summary (or matrix), or the API's JSON records.")
 @click.pass_context
 def validate(
     ctx: click.Context,

@@ -1,17 +1,21 @@
 """Turn raw node messages (subject + bytes) into fleet updates.
 
 Validates the subject, decodes with the codec, checks that the message speaks for the
-node its subject names, and applies it. A bad message is counted and logged once per
-(node, reason) — never raised into the subscription loop.
+node its subject names, and applies it — one `Route` per message kind. Every message is
+counted once: applied (`nicfleet_ingest_messages`), ignored by the fleet with its reason
+(`nicfleet_ingest_ignored`), or rejected before it (`nicfleet_ingest_rejected`, logged
+once per (subject, reason)) — never raised into the subscription loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, Generic, Protocol, TypeVar
 
-from aggregator.fleet.state import Fleet
+from aggregator.fleet.state import Fleet, Outcome
 from aggregator.metrics import Metrics
 from proto import subjects
 from proto.codec import CodecError, decode, decode_counters
@@ -24,6 +28,46 @@ log = logging.getLogger(__name__)
 _MAX_LOGGED: Final = 1024
 # Parsed node subjects kept (4 kinds per node); cleared when full, so never unbounded.
 _MAX_SUBJECTS: Final = 200_000
+
+
+class NodeMessage(Protocol):
+    @property
+    def node(self) -> str: ...
+
+
+M = TypeVar("M", bound=NodeMessage)
+
+
+@dataclass(frozen=True, slots=True)
+class Route(Generic[M]):
+    """How one message kind reaches the fleet: `decode` raises CodecError on bad bytes;
+    `apply(fleet, message, received_at, wire)`; `persist`: an applied one goes to KV."""
+
+    decode: Callable[[bytes], M]
+    apply: Callable[[Fleet, M, float, bytes], Outcome]
+    persist: bool = False
+
+
+ROUTES: Final[Mapping[str, Route[Any]]] = MappingProxyType(
+    {
+        subjects.SNAPSHOT: Route(
+            lambda data: decode(data, NodeSnapshot),
+            lambda fleet, snap, now, _wire: fleet.apply_snapshot(snap, now),
+            persist=True,
+        ),
+        # The wire bytes are held instead of the decoded batch (aggregator.fleet.heldcounters).
+        subjects.COUNTERS: Route(decode_counters, Fleet.apply_counters),
+        subjects.EVENT: Route(
+            lambda data: decode(data, LinkEvent),
+            lambda fleet, event, now, _wire: fleet.apply_event(event, now),
+        ),
+        subjects.STATUS: Route(
+            lambda data: decode(data, DevicePluginStatus),
+            lambda fleet, status, now, _wire: fleet.apply_status(status, now),
+        ),
+    }
+)
+assert tuple(ROUTES) == subjects.NODE_KINDS, "a node message kind without its route"
 
 
 class Ingest:
@@ -43,10 +87,11 @@ class Ingest:
         self._on_change = on_change
         self._logged: set[tuple[str, str]] = set()
         self._subjects: dict[str, tuple[str, str]] = {}
-        self._accepted = metrics.messages.by_kind
+        self._applied = metrics.messages.by_kind
 
     def handle(self, subject: str, data: bytes) -> bool:
-        """Apply one message; return False (after counting it) when it was rejected."""
+        """Offer one message to the fleet; False (after counting it) when it was rejected
+        before that. Only an applied one is persisted (snapshots) and fires `on_change`."""
         parsed = self._subjects.get(subject)
         if parsed is None:
             try:
@@ -57,35 +102,21 @@ class Ingest:
                 self._subjects.clear()
             self._subjects[subject] = parsed
         node, kind = parsed
+        route = ROUTES[kind]
         now = self._clock()
         try:
-            if kind == subjects.SNAPSHOT:
-                snap = decode(data, NodeSnapshot)
-                if snap.node != node:
-                    return self._mismatch(kind, subject, snap.node)
-                before = self._fleet.get(node)
-                previous = before.snapshot if before is not None else None
-                stored = self._fleet.apply_snapshot(snap, now).snapshot
-                if stored is not None and stored is not previous:
-                    self._on_snapshot(stored, now)  # persist only what the fleet accepted
-            elif kind == subjects.COUNTERS:
-                batch = decode_counters(data)
-                if batch.node != node:
-                    return self._mismatch(kind, subject, batch.node)
-                self._fleet.apply_counters(batch, now, data)
-            elif kind == subjects.EVENT:
-                event = decode(data, LinkEvent)
-                if event.node != node:
-                    return self._mismatch(kind, subject, event.node)
-                self._fleet.apply_event(event, now)
-            else:
-                status = decode(data, DevicePluginStatus)
-                if status.node != node:
-                    return self._mismatch(kind, subject, status.node)
-                self._fleet.apply_status(status, now)
+            message = route.decode(data)
+            if message.node != node:
+                return self._mismatch(kind, subject, message.node)
+            outcome = route.apply(self._fleet, message, now, data)
         except CodecError as exc:
             return self._reject(kind, "decode", subject, str(exc))
-        self._accepted[kind] += 1
+        if outcome.ignored is not None:
+            self._metrics.messages.ignore(kind, outcome.ignored)
+            return True
+        self._applied[kind] += 1
+        if route.persist and outcome.record.snapshot is not None:
+            self._on_snapshot(outcome.record.snapshot, now)
         if self._on_change is not None:
             self._on_change(node, kind)
         return True

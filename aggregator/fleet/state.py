@@ -1,19 +1,22 @@
 """The aggregator's fleet view: one immutable `NodeRecord` per node, replaced per message.
 
 Pure: no I/O, no clock reads, no logging — callers pass `received_at`/`now`. Owns the
-ordering rule for snapshots and counter batches, keeps live port state in step with
-`port-state` events, and derives the summaries and detail views the API serves.
+ordering rule for snapshots and counter batches and keeps live port state in step with
+`port-state` events (aggregator.fleet.portevents); each `apply_*` says what it did
+(`Outcome`). The views the API serves are in aggregator.fleet.views.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Final, cast, get_args
+from typing import Final
 
 import msgspec
 from msgspec.structs import replace
 
+from aggregator.fleet import portevents
 from aggregator.fleet.heldcounters import (
     CounterBase,
     HeldCounters,
@@ -24,9 +27,7 @@ from aggregator.fleet.heldcounters import (
 )
 from aggregator.fleet.heldcounters import merge_counter_delta as merge_counter_delta  # re-exported
 from proto.compact import inventory_only
-from proto.http import NODE_STATES, EventView, NodeDetail, NodeState, NodeSummary
-from proto.ibta import ACTIVE_STATES, PHYS_STATES, PORT_STATES
-from proto.inventory import NodeSnapshot, Port, PortStateName
+from proto.inventory import NodeSnapshot
 from proto.messages.counters import CounterBatch
 from proto.messages.events import LinkEvent
 from proto.messages.status import DevicePluginStatus
@@ -80,6 +81,37 @@ def is_newer(seq: int, collected_at: float, stored_seq: int, stored_collected_at
     return seq > stored_seq or collected_at > stored_collected_at
 
 
+class Ignored(enum.StrEnum):
+    """Why a `Fleet.apply_*` left a message out; the value is the `reason` label of
+    `nicfleet_ingest_ignored_total`."""
+
+    # Neither seq nor collection time (a status: observed_at) after the stored one's.
+    OLDER = "older"
+    # The stored one again (same seq and time, same observed_at), or an event still held.
+    DUPLICATE = "duplicate"
+    # A counter delta whose full batch is not held; the node still counts as seen.
+    UNMATCHED_DELTA = "unmatched-delta"
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What a `Fleet.apply_*` did with one message. `record`: the node's record afterwards
+    (the one stored, either way); `ignored`: None when the message was applied."""
+
+    record: NodeRecord
+    ignored: Ignored | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.ignored is None
+
+
+def _order(seq: int, at: float, stored_seq: int, stored_at: float) -> Ignored | None:
+    """None when is_newer accepts the message, else why not."""
+    if is_newer(seq, at, stored_seq, stored_at):
+        return None
+    return Ignored.DUPLICATE if (seq, at) == (stored_seq, stored_at) else Ignored.OLDER
+
+
 class Fleet:
     """Mapping node name -> NodeRecord. Each update replaces one record (O(1))."""
 
@@ -122,10 +154,9 @@ class Fleet:
         """Install a record as-is (rebuilding from KV on start); replaces any existing one."""
         self._records[record.name] = record
 
-    def apply_snapshot(self, snap: NodeSnapshot, received_at: float) -> NodeRecord:
+    def apply_snapshot(self, snap: NodeSnapshot, received_at: float) -> Outcome:
         """Store `snap`'s inventory (`proto.compact.inventory_only`: no per-port counters)
-        unless is_newer rejects it; accepted iff `result.snapshot` is not the previously
-        stored object.
+        unless is_newer rejects it (Ignored.OLDER or DUPLICATE; the record is untouched).
 
         A port-state event observed after `snap` was collected but received before it is
         replayed onto it: the agent re-reads its inventory after every port event, so a
@@ -134,14 +165,17 @@ class Fleet:
         """
         old = self._records.get(snap.node)
         stored = old.snapshot if old is not None else None
-        if old is not None and stored is not None and not _newer(snap, stored):
-            self.ignored += 1
-            return old
+        if old is not None and stored is not None:
+            why = _order(snap.seq, snap.collected_at, stored.seq, stored.collected_at)
+            if why is not None:
+                self.ignored += 1
+                return Outcome(old, why)
         record = old or _new_record(snap.node, received_at)
         live = inventory_only(snap)  # counters belong to counter batches (docs/wire.md)
-        for seen in record.events:
-            if _supersedes(seen.event, live, record.events):
-                live = _patch(live, seen.event)
+        history = tuple(seen.event for seen in record.events)
+        for event in history:
+            if portevents.supersedes(event, live, history):
+                live = portevents.patch(live, event)
         return self._store(
             replace(
                 record,
@@ -156,33 +190,33 @@ class Fleet:
         batch: CounterBatch | PackedCounterBatch,
         received_at: float,
         wire: bytes | None = None,
-    ) -> NodeRecord:
-        """Store `batch` unless is_newer rejects it; accepted iff `result.counters_held` is
-        not the previously stored object. `wire`: the bytes `batch` was decoded from, held
-        instead of the decoded batch (aggregator.fleet.heldcounters). A packed batch must have
-        passed `proto.packedcounters.check` (`proto.codec.decode_counters` does).
+    ) -> Outcome:
+        """Store `batch` unless is_newer rejects it (Ignored.OLDER or DUPLICATE; the record
+        is untouched). `wire`: the bytes `batch` was decoded from, held instead of the
+        decoded batch (aggregator.fleet.heldcounters). A packed batch must have passed
+        `proto.packedcounters.check` (`proto.codec.decode_counters` does).
 
         A full batch is stored as is and becomes the node's delta base. A delta
         (`base_seq` set) is stored with that base and merged when read — the full batch
         the agent would have sent — when the base held is the one it names and has every
-        port it lists; otherwise it is ignored (counted in `unmatched_deltas`, the node
-        kept fresh) until the next full batch.
+        port it lists; otherwise it is ignored (Ignored.UNMATCHED_DELTA, counted in
+        `unmatched_deltas`; only the node's last_seen moves) until the next full batch.
         """
         old = self._records.get(batch.node)
         stored = old.counters_held if old is not None else None
-        if (
-            old is not None
-            and stored is not None
-            and not is_newer(batch.seq, batch.collected_at, stored.seq, stored.collected_at)
-        ):
-            self.ignored += 1
-            return old
+        if old is not None and stored is not None:
+            why = _order(batch.seq, batch.collected_at, stored.seq, stored.collected_at)
+            if why is not None:
+                self.ignored += 1
+                return Outcome(old, why)
         record = old or _new_record(batch.node, received_at)
         hold = self._hold(batch, wire)
         if hold is None:  # the node is alive all the same
             self.ignored += 1
             self.unmatched_deltas += 1
-            return self._store(replace(record, last_seen=max(record.last_seen, received_at)))
+            alive = replace(record, last_seen=max(record.last_seen, received_at))
+            self._records[alive.name] = alive
+            return Outcome(alive, Ignored.UNMATCHED_DELTA)
         held, base_seq, changed = hold
         return self._store(
             replace(
@@ -231,14 +265,16 @@ class Fleet:
         held = HeldCounters(base=base, delta=wire or batch, seq=seq, collected_at=at, clean=clean)
         return held, batch.base_seq if plain else None, keys
 
-    def apply_status(self, status: DevicePluginStatus, received_at: float) -> NodeRecord:
-        """Store the device plugin's status unless an equal-or-newer one is stored."""
+    def apply_status(self, status: DevicePluginStatus, received_at: float) -> Outcome:
+        """Store the device plugin's status unless one observed at the same time
+        (Ignored.DUPLICATE) or later (Ignored.OLDER) is stored."""
         old = self._records.get(status.node)
         record = old or _new_record(status.node, received_at)
         stored = record.device_plugin
         if stored is not None and status.observed_at <= stored.observed_at:
             self.ignored += 1
-            return record
+            same = status.observed_at == stored.observed_at
+            return Outcome(record, Ignored.DUPLICATE if same else Ignored.OLDER)
         return self._store(
             replace(
                 record,
@@ -248,20 +284,21 @@ class Fleet:
             )
         )
 
-    def apply_event(self, event: LinkEvent, received_at: float) -> NodeRecord:
+    def apply_event(self, event: LinkEvent, received_at: float) -> Outcome:
         """Append to the bounded history; a port-state event also updates the live port.
 
         The stored snapshot's port changes only when the event was observed after the
         snapshot was collected and no newer event for that port has been seen already.
-        An exact redelivery of an event still in the history is ignored.
+        An exact redelivery of an event still in the history is Ignored.DUPLICATE.
         """
         record = self._records.get(event.node) or _new_record(event.node, received_at)
         if any(seen.event == event for seen in record.events):
             self.ignored += 1
-            return record
+            return Outcome(record, Ignored.DUPLICATE)
         snapshot = record.snapshot
-        if snapshot is not None and _supersedes(event, snapshot, record.events):
-            snapshot = _patch(snapshot, event)
+        history = (seen.event for seen in record.events)
+        if snapshot is not None and portevents.supersedes(event, snapshot, history):
+            snapshot = portevents.patch(snapshot, event)
         events = (
             *record.events[-(MAX_EVENTS - 1) :],
             ReceivedEvent(event=event, received_at=received_at),
@@ -275,172 +312,11 @@ class Fleet:
             )
         )
 
-    def _store(self, record: NodeRecord) -> NodeRecord:
+    def _store(self, record: NodeRecord) -> Outcome:
+        """Store the record an applied message made."""
         self._records[record.name] = record
-        return record
-
-
-def _newer(message: NodeSnapshot, stored: NodeSnapshot) -> bool:
-    return is_newer(message.seq, message.collected_at, stored.seq, stored.collected_at)
+        return Outcome(record)
 
 
 def _new_record(name: str, received_at: float) -> NodeRecord:
     return NodeRecord(name=name, first_seen=received_at, last_seen=received_at)
-
-
-def _supersedes(
-    event: LinkEvent, snapshot: NodeSnapshot, history: tuple[ReceivedEvent, ...]
-) -> bool:
-    """A port-state (or netdev-state) event changes the live port (or netdev) unless it
-    predates the snapshot or something newer about the same target already arrived."""
-    if event.kind == "port-state":
-        if event.port is None or event.new_state is None:
-            return False
-    elif event.kind != "netdev-state" or event.netdev is None:
-        return False
-    if event.observed_at < snapshot.collected_at:
-        return False
-    return not any(
-        seen.event.kind == event.kind
-        and _target(seen.event) == _target(event)
-        and seen.event.observed_at > event.observed_at
-        for seen in history
-    )
-
-
-def _target(event: LinkEvent) -> tuple[str | None, int | None, str | None]:
-    if event.kind == "netdev-state":
-        return (None, None, event.netdev)
-    return (event.device, event.port, None)
-
-
-def _patch(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
-    return _patch_netdev(snap, event) if event.kind == "netdev-state" else _patch_port(snap, event)
-
-
-def _patch_netdev(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
-    """The netdev's operstate as netlink reported it (None: the netdev vanished)."""
-    devices = []
-    changed = False
-    for device in snap.devices:
-        interfaces = tuple(
-            replace(i, operstate=event.new_state) if i.name == event.netdev else i
-            for i in device.interfaces
-        )
-        if interfaces != device.interfaces:
-            device = replace(device, interfaces=interfaces)
-            changed = True
-        devices.append(device)
-    return replace(snap, devices=tuple(devices)) if changed else snap
-
-
-def _patch_port(snap: NodeSnapshot, event: LinkEvent) -> NodeSnapshot:
-    state: PortStateName = _as_state(event.new_state)
-    devices = []
-    changed = False
-    for device in snap.devices:
-        if device.name == event.device:
-            ports = []
-            for port in device.ports:
-                if port.port == event.port:
-                    port = _port_with_state(port, state, event.phys_state)
-                    changed = True
-                ports.append(port)
-            device = replace(device, ports=tuple(ports))
-        devices.append(device)
-    return replace(snap, devices=tuple(devices)) if changed else snap
-
-
-def _as_state(value: str | None) -> PortStateName:
-    for name in get_args(PortStateName):
-        if name == value:
-            return cast(PortStateName, name)
-    return "UNKNOWN"
-
-
-def _port_with_state(port: Port, state: PortStateName, phys: str | None) -> Port:
-    if phys is None:
-        return replace(port, state=state, state_id=PORT_STATES.get(state))
-    return replace(
-        port,
-        state=state,
-        state_id=PORT_STATES.get(state),
-        phys_state=phys,
-        phys_state_id=PHYS_STATES.get(phys),
-    )
-
-
-def node_state(record: NodeRecord, now: float, stale_after: float) -> NodeState:
-    """`no-snapshot` until an inventory arrives; `stale` when silent beyond stale_after."""
-    if record.snapshot is None:
-        return "no-snapshot"
-    if now - record.last_seen > stale_after:
-        return "stale"
-    return "ready"
-
-
-def summarize(record: NodeRecord, now: float, stale_after: float) -> NodeSummary:
-    snap = record.snapshot
-    devices = snap.devices if snap is not None else ()
-    ports = [(d.name, p) for d in devices for p in d.ports]
-    rates = [p.rate_gbps for _, p in ports if p.rate_gbps is not None]
-    return NodeSummary(
-        name=record.name,
-        state=node_state(record, now, stale_after),
-        devices=len(devices),
-        ports_total=len(ports),
-        ports_active=sum(p.state in ACTIVE_STATES for _, p in ports),
-        ports_down=tuple(f"{d}/{p.port}" for d, p in ports if p.state not in ACTIVE_STATES),
-        link_layers=tuple(sorted({p.link_layer for _, p in ports})),
-        max_rate_gbps=max(rates, default=None),
-        gpus=len(snap.gpus) if snap is not None else 0,
-        firmware=tuple(sorted({d.fw_ver for d in devices if d.fw_ver})),
-        agent_version=snap.agent_version if snap is not None else None,
-        errors=_error_count(snap),
-        last_seen=record.last_seen,
-        age_s=max(0.0, now - record.last_seen),
-    )
-
-
-def _error_count(snap: NodeSnapshot | None) -> int:
-    if snap is None:
-        return 0
-    return len(snap.errors) + sum(len(d.errors) for d in snap.devices)
-
-
-def describe(record: NodeRecord, now: float, stale_after: float) -> NodeDetail:
-    return NodeDetail(
-        summary=summarize(record, now, stale_after),
-        first_seen=record.first_seen,
-        snapshot=record.snapshot,
-        snapshot_received_at=record.snapshot_received_at,
-        counters=record.counters,
-        counters_received_at=record.counters_received_at,
-        device_plugin=record.device_plugin,
-        events=tuple(_event_view(r) for r in record.events),
-    )
-
-
-def _event_view(received: ReceivedEvent) -> EventView:
-    e = received.event
-    return EventView(
-        seq=e.seq,
-        kind=e.kind,
-        device=e.device,
-        port=e.port,
-        netdev=e.netdev,
-        old_state=e.old_state,
-        new_state=e.new_state,
-        phys_state=e.phys_state,
-        observed_at=e.observed_at,
-        received_at=received.received_at,
-        latency_ms=(received.received_at - e.observed_at) * 1000.0,
-    )
-
-
-def nodes_by_state(fleet: Fleet, now: float, stale_after: float) -> dict[str, int]:
-    """Pure: every state present, zero when no node is in it (no vanishing series)."""
-    counts: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
-    for record in fleet.records():
-        counts[node_state(record, now, stale_after)] += 1
-    return counts

@@ -1,6 +1,6 @@
 """Node summaries for the paged `/api/v1/nodes`, summarized once per snapshot.
 
-`fleet.summarize` walks every device and port (~10 µs for a 12-NIC node); only the
+`views.summarize` walks every device and port (~10 µs for a 12-NIC node); only the
 snapshot feeds that part, so it is kept per node until the record holds another snapshot
 object, and the parts that move with every message and the clock (state, last_seen,
 age_s) are filled per call. Pure: no I/O, `now` passed in.
@@ -12,7 +12,8 @@ from collections.abc import Collection
 
 import msgspec
 
-from aggregator.fleet.state import NodeRecord, node_state, summarize
+from aggregator.fleet.state import NodeRecord
+from aggregator.fleet.views import node_state, summarize
 from proto.http import NodeSummary
 from proto.inventory import NodeSnapshot
 

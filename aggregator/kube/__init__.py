@@ -1,5 +1,6 @@
 """Every Kubernetes API call the aggregator makes (`client`, the only importer of the
-`kubernetes` package), API objects turned into the cluster model (`objects`, pure) and the
+`kubernetes` package), the bodies those calls send and the decoding of their answers
+(`payloads`, pure), API objects turned into the cluster model (`objects`, pure) and the
 watches that keep that model current (`watch`).
 
 May import: `aggregator.cluster`, `aggregator.errors`, `proto`.

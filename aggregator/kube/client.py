@@ -2,14 +2,13 @@
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
 connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
 Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of
-API bearer tokens, and turning client errors into KubeErrors.
+API bearer tokens, and turning client errors into KubeErrors. The bodies it sends and the
+decoding of the answers are pure, in payloads.py; every call stays here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -21,14 +20,13 @@ import aiohttp
 
 from aggregator.cluster import NetworkAttachment, PodRequest
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
+from aggregator.kube import payloads
 from aggregator.kube.objects import (
-    LABEL_PREFIX,
     LeaseRecord,
     Listing,
     TokenReviewResult,
     WatchEvent,
     attachment_from_object,
-    error_from_status,
     listing_from,
     pod_request_from_object,
     result_from_review,
@@ -43,11 +41,6 @@ PLURAL: Final = "nicfleetpolicies"
 NAD = ("k8s.cni.cncf.io", "v1", "network-attachment-definitions")
 NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
 MERGE_PATCH: Final = "application/merge-patch+json"
-COMPONENT: Final = "nicfleet-aggregator"
-_REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,127}")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-
-EventType = Literal["Normal", "Warning"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,11 +157,7 @@ class KubeClient:
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         """Set (str) or remove (None) `nicfleet.io/*` labels of node `name`; other keys
         are refused (ValueError) so nicfleet never touches labels it does not own."""
-        for key, value in labels.items():
-            if not key.startswith(LABEL_PREFIX) or len(key) > len(LABEL_PREFIX) + 63:
-                raise ValueError(f"label {key!r}: only {LABEL_PREFIX}* labels may be written")
-            if value is not None and not _LABEL_VALUE.fullmatch(value):
-                raise ValueError(f"label {key!r}: {value!r} is not a valid label value")
+        payloads.check_node_labels(labels)
         await self._json(
             f"patch labels of node {name}",
             self._core.patch_node_without_preload_content(
@@ -268,7 +257,7 @@ class KubeClient:
         name: str,
         reason: str,
         message: str,
-        type: EventType = "Normal",
+        type: payloads.EventType = "Normal",
         uid: str | None = None,
         instance: str = "",
     ) -> None:
@@ -276,31 +265,21 @@ class KubeClient:
 
         `reason` is an UpperCamelCase code (e.g. "ResourceNotAdvertised") that tools
         filter on; `message` is one sentence for humans."""
-        if not _REASON.fullmatch(reason):
-            raise ValueError(f"event reason {reason!r}: UpperCamelCase, at most 128 characters")
-        now = dt.datetime.now(dt.UTC)
-        api_version = "v1" if kind == "Node" else f"{GROUP}/{VERSION}"
         namespace = self._settings.event_namespace
-        body = _model(
-            "CoreV1Event",
-            {
-                "metadata": {
-                    "name": f"{name}.{uuid.uuid4().hex[:16]}",
-                    "namespace": namespace,
-                },
-                "involvedObject": {"apiVersion": api_version, "kind": kind, "name": name}
-                | ({"uid": uid} if uid else {}),
-                "reason": reason,
-                "message": message[:1024],
-                "type": type,
-                "source": {"component": COMPONENT},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": instance,
-                "firstTimestamp": now.isoformat(),
-                "lastTimestamp": now.isoformat(),
-                "count": 1,
-            },
+        event = payloads.event_body(
+            api_version="v1" if kind == "Node" else f"{GROUP}/{VERSION}",
+            kind=kind,
+            name=name,
+            reason=reason,
+            message=message,
+            type=type,
+            uid=uid,
+            instance=instance,
+            namespace=namespace,
+            now=dt.datetime.now(dt.UTC),
+            suffix=uuid.uuid4().hex[:16],
         )
+        body = _model("CoreV1Event", event)
         await self._json(
             f"create Event {reason} on {kind} {name}",
             self._core.create_namespaced_event_without_preload_content(
@@ -320,33 +299,14 @@ class KubeClient:
             )
         except KubeNotFoundError:
             return None
-        if not isinstance(raw, dict):
-            raise KubeError(f"read Lease {name}: not an object")
-        spec = raw.get("spec") or {}
-        return LeaseRecord(
-            holder=spec.get("holderIdentity") or None,
-            duration_s=spec.get("leaseDurationSeconds"),
-            renew_time=spec.get("renewTime"),
-            transitions=spec.get("leaseTransitions"),
-            resource_version=(raw.get("metadata") or {}).get("resourceVersion"),
-        )
+        return payloads.lease_from(name, raw)
 
     async def write_lease(self, name: str, record: LeaseRecord, *, create: bool) -> bool:
         """Create, or merge-patch with `record.resource_version` as precondition (the
         server answers 409 when the Lease changed since it was read); False when someone
         else won (409), KubeError for anything else."""
-        metadata: dict[str, Any] = {"name": name, "namespace": self._settings.lease_namespace}
-        if record.resource_version and not create:
-            metadata["resourceVersion"] = record.resource_version
-        spec: dict[str, Any] = {"holderIdentity": record.holder or ""}
-        if record.duration_s is not None:
-            spec["leaseDurationSeconds"] = record.duration_s
-        if record.renew_time is not None:
-            spec["renewTime"] = record.renew_time
-        if record.transitions is not None:
-            spec["leaseTransitions"] = record.transitions
         namespace = self._settings.lease_namespace
-        body = {"metadata": metadata, "spec": spec}
+        body = payloads.lease_body(name, namespace, record, create=create)
         call = (
             self._leases.create_namespaced_lease_without_preload_content(
                 namespace, _model("V1Lease", body), **self._timeout()
@@ -371,11 +331,7 @@ class KubeClient:
 
         Nothing is stored server-side. The token goes only into the request body: never
         into `what`, so no KubeError message can carry it."""
-        spec: dict[str, Any] = {"token": token}
-        if audiences:
-            spec["audiences"] = list(audiences)
-        # A plain dict, not a V1TokenReview model: a model's repr would show the token.
-        body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        body: Any = payloads.token_review_body(token, audiences)
         what = "create TokenReview"
         raw = await self._json(
             what, self._authn.create_token_review_without_preload_content(body, **self._timeout())
@@ -401,31 +357,22 @@ class KubeClient:
                 body = await response.read()
             finally:
                 response.release()
-        if response.status >= 300:
-            raise error_from_status(what, response.status, response.reason, body)
-        try:
-            return json.loads(body) if body else None
-        except ValueError as exc:
-            raise KubeUnavailableError(f"{what}: answer is not JSON: {exc}") from exc
+        return payloads.decode_answer(what, response.status, response.reason, body)
 
     async def _watch(
         self, what: str, func: Callable[..., Any], *args: Any, resource_version: str | None
     ) -> AsyncIterator[WatchEvent]:
         """One watch session; ends when the server closes it (then list again)."""
-        kwargs: dict[str, Any] = {"timeout_seconds": self._settings.watch_timeout_s}
-        if resource_version and resource_version != "...":  # kmock's placeholder
-            kwargs["resource_version"] = resource_version
-            kwargs["allow_watch_bookmarks"] = True
+        kwargs = payloads.watch_params(self._settings.watch_timeout_s, resource_version)
         # return_type "object": events stay plain dicts (no model validation to fail on).
         from kubernetes.aio import watch
 
         watcher = cast(Any, watch).Watch(return_type="object")  # the module has no annotations
         async with _translated(what), watcher.stream(func, *args, **kwargs) as stream:
             async for event in stream:
-                kind = event.get("type")
-                raw = event.get("raw_object")
-                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(raw, dict):
-                    yield WatchEvent(type=kind, object=raw)
+                found = payloads.watch_event(event)
+                if found is not None:
+                    yield found
 
 
 @asynccontextmanager
@@ -435,16 +382,9 @@ async def _translated(what: str) -> AsyncIterator[None]:
     try:
         yield
     except ApiException as exc:
-        raise _translate(what, exc) from exc
+        raise payloads.translated(what, exc) from exc
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise KubeUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-def _translate(what: str, exc: Any) -> KubeError:
-    status = getattr(exc, "status", None)
-    return error_from_status(
-        what, status if isinstance(status, int) else None, exc.reason, exc.body
-    )
 
 
 def _model(name: str, data: dict[str, Any]) -> Any:

@@ -184,7 +184,7 @@ class ClusterWatcher:
         if event.type == "DELETED":
             return self._policies.pop(obj.name, None) is not None
         if self._policies.get(obj.name) == obj:
-            return False  # a status write by us, or a resync: nothing the user changed
+            return False  # a status write by us, or a re-list: nothing the user changed
         self._policies[obj.name] = obj
         return True
 

@@ -14,7 +14,8 @@ from typing import Final, Literal
 import msgspec
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord, node_state
+from aggregator.fleet.state import NodeRecord
+from aggregator.fleet.views import node_state
 from aggregator.reconcile.nodelabels import DEFAULT_MAX_RELATION, relation_rank, worst_gpu_relation
 from aggregator.reconcile.plan import Plan
 from proto.dpconfig import resource_full_name

@@ -25,8 +25,9 @@ from nats.js.kv import KeyValue
 from aggregator.alerts.wiring import AllRules
 from aggregator.cluster import ClusterView
 from aggregator.errors import AggregatorError, StoreError
-from aggregator.fleet.state import Fleet, node_state
+from aggregator.fleet.state import Fleet
 from aggregator.fleet.store import load_nodes
+from aggregator.fleet.views import node_state
 from aggregator.replicas.partitions import ShardSettings, live_replicas, partition_of, plan
 from aggregator.replicas.summaries import ShardRules, merge_remote
 from aggregator.rules.finding import Finding

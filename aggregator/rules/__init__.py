@@ -1,2 +1,3 @@
-"""Rules: pure functions `(fleet, policies, cluster, now) -> list[Finding]`, one module per
-family; `ALL_RULES` (in `aggregator.rules.engine.registry`) is the explicit tuple of them."""
+"""Rules: pure checks `check(RuleInput) -> list[Finding]`, one module per family, each
+ending in the explicit tuple of its rules' descriptors (`descriptor.Rule`); `catalog`
+concatenates them, and `engine` derives its tables from them."""

@@ -9,21 +9,56 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
-from aggregator.cluster import ClusterView
 from aggregator.fleet.state import NodeRecord
-from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
 from aggregator.rules.counterbase import quiet
+from aggregator.rules.descriptor import COUNTERS, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import finite
-from aggregator.rules.thresholds import Thresholds
 from proto.messages.counters import PortCounters
-from proto.policy import Policy
 
 Fleet = Mapping[str, NodeRecord]
 
-
+# The counters of each family counter-errors judges (their rates summed), and its default
+# per-second limit for each family (policy alerts.counter-errors.thresholds.<family>).
+COUNTER_FAMILIES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "physical_errors": (
+            "counters/symbol_error",
+            "counters/local_link_integrity_errors",
+            "counters/excessive_buffer_overrun_errors",
+        ),
+        "port_rcv_errors": (
+            "counters/port_rcv_errors",
+            "counters/port_rcv_remote_physical_errors",
+        ),
+        "discards": ("counters/port_xmit_discards",),
+        "local_ack_timeout_err": ("hw_counters/local_ack_timeout_err",),
+        "out_of_sequence": ("hw_counters/out_of_sequence",),
+        "packet_seq_err": ("hw_counters/packet_seq_err",),
+        "roce_adp_retrans": ("hw_counters/roce_adp_retrans",),
+        "rx_icrc_encapsulated": ("hw_counters/rx_icrc_encapsulated",),
+    }
+)
+_FAMILY_LIMITS: Final[Mapping[str, float]] = MappingProxyType(
+    {
+        "physical_errors": 1.0,
+        "port_rcv_errors": 1.0,
+        "discards": 10.0,
+        "local_ack_timeout_err": 1.0,
+        "out_of_sequence": 100.0,
+        "packet_seq_err": 1.0,
+        "roce_adp_retrans": 10.0,
+        "rx_icrc_encapsulated": 1.0,
+    }
+)
+RETRY_COUNTERS: Final = (
+    "hw_counters/req_transport_retries_exceeded",
+    "hw_counters/req_rnr_retries_exceeded",
+)
+CNP_IGNORED: Final = "hw_counters/rp_cnp_ignored"
 _FAMILIES: Final = tuple(COUNTER_FAMILIES.items())
 # The counter/rate keys (rate-key spelling) each rule reads of a port, besides its
 # device/port: aggregator.rules.engine.incremental reuses a node's findings over a counter delta
@@ -53,15 +88,12 @@ def _rate(pc: PortCounters, key: str) -> float | None:
     return value if finite(value) else None
 
 
-def check_counter_errors(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    limits = thresholds.of("counter-errors").params
+def check_counter_errors(given: RuleInput) -> list[Finding]:
+    limits = given.thresholds.of("counter-errors").params
     families = [(family, keys, limits.get(family, 0.0)) for family, keys in _FAMILIES]
     isfinite = math.isfinite
     found: list[Finding] = []
-    for node, pc in _batches(fleet, COUNTER_ERRORS_KEYS):
+    for node, pc in _batches(given.fleet, COUNTER_ERRORS_KEYS):
         over: dict[str, float] = {}
         rates = pc.rates
         for family, keys, limit in families:  # `_rate` inlined: this runs per port
@@ -99,13 +131,10 @@ def _hint(family: str) -> str:
     return "; look for packet loss on the path (PFC/ECN on RoCE, the peer's errors on IB)."
 
 
-def check_retries_exceeded(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    limit = thresholds.param("retries-exceeded", "rate")
+def check_retries_exceeded(given: RuleInput) -> list[Finding]:
+    limit = given.thresholds.param("retries-exceeded", "rate")
     found: list[Finding] = []
-    for node, pc in _batches(fleet, RETRIES_EXCEEDED_KEYS):
+    for node, pc in _batches(given.fleet, RETRIES_EXCEEDED_KEYS):
         moving = {
             key: rate for key in RETRY_COUNTERS
             if (rate := _rate(pc, key)) is not None and rate > limit
@@ -128,13 +157,10 @@ def check_retries_exceeded(
     return found
 
 
-def check_cc_misconfigured(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    limit = thresholds.param("cc-misconfigured", "rate")
+def check_cc_misconfigured(given: RuleInput) -> list[Finding]:
+    limit = given.thresholds.param("cc-misconfigured", "rate")
     found: list[Finding] = []
-    for node, pc in _batches(fleet, _CNP_IGNORED):
+    for node, pc in _batches(given.fleet, _CNP_IGNORED):
         rate = _rate(pc, CNP_IGNORED)
         if rate is None or rate <= limit:
             continue
@@ -155,3 +181,16 @@ def check_cc_misconfigured(
             )
         )
     return found
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(id="counter-errors", family="counters", severity="warning",
+         check=check_counter_errors, reads=COUNTERS, counter_keys=COUNTER_ERRORS_KEYS,
+         for_s=10.0, resolve_s=60.0, params=_FAMILY_LIMITS),
+    Rule(id="retries-exceeded", family="counters", severity="critical",
+         check=check_retries_exceeded, reads=COUNTERS, counter_keys=RETRIES_EXCEEDED_KEYS,
+         resolve_s=60.0, params=MappingProxyType({"rate": 0.0})),
+    Rule(id="cc-misconfigured", family="counters", severity="warning",
+         check=check_cc_misconfigured, reads=COUNTERS, counter_keys=CC_MISCONFIGURED_KEYS,
+         for_s=30.0, resolve_s=60.0, params=MappingProxyType({"rate": 0.0})),
+)  # fmt: skip

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
 from typing import Final
 
-from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord
-from aggregator.rules.catalog import CNP_IGNORED, COUNTER_FAMILIES, FLAP_COUNTERS, RETRY_COUNTERS
+from aggregator.rules.counters import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
+from aggregator.rules.descriptor import COUNTERS, SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import ports, subject
+from aggregator.rules.links import FLAP_COUNTERS
 from aggregator.rules.nodememo import NodeMemo
-from aggregator.rules.thresholds import Thresholds
 from aggregator.rules.versions import parse_version
 from proto.inventory import NodeSnapshot
 from proto.messages.counters import CounterBatch, PortCounters
-from proto.policy import Policy
 
-Fleet = Mapping[str, NodeRecord]
 MAX_LISTED: Final = 5
 # Counters whose rates the rules judge: losing their rate hides a fault.
 WATCHED: Final = frozenset(
@@ -35,13 +31,10 @@ WATCHED: Final = frozenset(
 )  # fmt: skip
 
 
-def check_data_quality(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_data_quality(given: RuleInput) -> list[Finding]:
     problems: dict[tuple[str, str], list[str]] = {}
-    for node in sorted(fleet):
-        record = fleet[node]
+    for node in sorted(given.fleet):
+        record = given.fleet[node]
         if record.snapshot is None:
             problems.setdefault((node, "snapshot"), []).append("no inventory snapshot received yet")
         else:
@@ -166,3 +159,9 @@ def _counter_problems(
         listed.extend(f"counters/{k} is negative ({v})" for k, v in negative)
         if listed:
             problems.setdefault((node, f"{pc.device}/{pc.port}"), []).extend(listed)
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(id="data-quality", family="data", severity="warning", check=check_data_quality,
+         reads=SNAPSHOT | COUNTERS),
+)  # fmt: skip

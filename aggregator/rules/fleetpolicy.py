@@ -12,30 +12,27 @@ import ipaddress
 import re
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Final, cast
 
-from aggregator.cluster import ClusterView, policies_by_node
+from aggregator.cluster import policies_by_node
 from aggregator.fleet.state import NodeRecord
+from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import is_active, majority_of, node_compute_adapters
-from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote
 from aggregator.rules.selection import matching_adapters
-from aggregator.rules.thresholds import Thresholds
+from aggregator.rules.settings import Thresholds
 from proto.dpconfig import resource_full_name
 from proto.inventory import Device
 from proto.policy import Policy
 
-Fleet = Mapping[str, NodeRecord]
 
-
-def check_agent_stale(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    limit = thresholds.param("agent-stale", "staleAfter")
+def check_agent_stale(given: RuleInput) -> list[Finding]:
+    limit = given.thresholds.param("agent-stale", "staleAfter")
     found: list[Finding] = []
-    for node in sorted(fleet):
-        age = now - fleet[node].last_seen
+    for node in sorted(given.fleet):
+        age = given.now - given.fleet[node].last_seen
         if age <= limit:
             continue
         found.append(
@@ -47,7 +44,7 @@ def check_agent_stale(
                 message=f"No message from the agent on {node} for {age:.0f}s (limit "
                 f"{limit:g}s): check the nicfleet-agent pod and its NATS connection; its "
                 "data here is out of date.",
-                evidence={"last_seen": fleet[node].last_seen, "age_s": round(age, 3)},
+                evidence={"last_seen": given.fleet[node].last_seen, "age_s": round(age, 3)},
             )
         )
     return found
@@ -58,14 +55,11 @@ def agent_stale_from(record: NodeRecord, thresholds: Thresholds) -> float:
     return record.last_seen + thresholds.param("agent-stale", "staleAfter")
 
 
-def check_resource_zero(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    by_node = policies_by_node(policies, fleet, cluster)
+def check_resource_zero(given: RuleInput) -> list[Finding]:
+    by_node = policies_by_node(given.policies, given.fleet, given.cluster)
     found: list[Finding] = []
-    for node in sorted(fleet):
-        status = fleet[node].device_plugin
+    for node in sorted(given.fleet):
+        status = given.fleet[node].device_plugin
         if status is None:
             continue  # nothing reported yet (offline check): no verdict either way
         advertised = {r.name: r for r in status.resources}
@@ -157,20 +151,11 @@ SELECTOR_MATCHES_NOTHING: Final = PeerRule(
 )
 
 
-def check_selector_matches_nothing(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(SELECTOR_MATCHES_NOTHING, fleet, policies, cluster)
-
-
-def check_policy_conflict(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_policy_conflict(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node, selecting in sorted(policies_by_node(policies, fleet, cluster).items()):
-        if len(selecting) < 2 or node not in fleet:
+    by_node = policies_by_node(given.policies, given.fleet, given.cluster)
+    for node, selecting in sorted(by_node.items()):
+        if len(selecting) < 2 or node not in given.fleet:
             continue
         names = sorted(p.metadata.name for p in selecting)
         found.append(
@@ -321,8 +306,17 @@ def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding
 RAIL_MISMATCH: Final = PeerRule("rail-mismatch", _rail_tally, _rail_settle, _rail_judge)
 
 
-def check_rail_mismatch(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(RAIL_MISMATCH, fleet, policies, cluster)
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(id="agent-stale", family="fleet", severity="critical", check=check_agent_stale,
+         reads=frozenset({"last_seen"}), due=agent_stale_from,
+         params=MappingProxyType({"staleAfter": 30.0})),
+    Rule(id="resource-zero", family="fleet", severity="critical", check=check_resource_zero,
+         reads=frozenset({"device_plugin"}), for_s=10.0),
+    # Judged from the agent's device-plugin status, else from the snapshot.
+    Rule.of_peers(SELECTOR_MATCHES_NOTHING, family="fleet", severity="warning",
+                  reads=frozenset({"snapshot", "device_plugin"})),
+    # Reads only whether the node is in the fleet (and its policies).
+    Rule(id="policy-conflict", family="fleet", severity="warning",
+         check=check_policy_conflict, reads=frozenset()),
+    Rule.of_peers(RAIL_MISMATCH, family="fleet", severity="warning", reads=SNAPSHOT),
+)  # fmt: skip

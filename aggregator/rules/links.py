@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
-from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord
-from aggregator.rules.catalog import FLAP_COUNTERS
 from aggregator.rules.counterbase import quiet
+from aggregator.rules.descriptor import COUNTERS, SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding, Severity
 from aggregator.rules.fleetfacts import (
     finite,
@@ -26,20 +24,16 @@ from aggregator.rules.fleetfacts import (
     snapshots,
     subject,
 )
-from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
-from aggregator.rules.thresholds import Thresholds
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote
 from proto.inventory import Device, NodeSnapshot, Port
-from proto.policy import Policy
 
-Fleet = Mapping[str, NodeRecord]
+# The counters whose increase is a link flap (link-flap fires on their rates).
+FLAP_COUNTERS: Final = ("counters/link_downed", "counters/link_error_recovery")
 
 
-def check_port_down(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_port_down(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         for device, port in ports(snap):
             netdev_down = _netdev_down(device, port) if is_active(port) else None
             if netdev_down is not None:
@@ -148,13 +142,6 @@ def _rate_judge(peer: Peer, votes: Sequence[Vote], modes: Facts) -> list[Finding
 RATE_MISMATCH: Final = PeerRule("rate-mismatch", _rate_tally, _rate_settle, _rate_judge)
 
 
-def check_rate_mismatch(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(RATE_MISMATCH, fleet, policies, cluster)
-
-
 def _layer_tally(peer: Peer) -> Iterator[Vote]:
     snap = peer.record.snapshot
     for device, port in ports(snap) if snap is not None else ():
@@ -212,13 +199,6 @@ def _layer_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Findin
 LINK_LAYER_MISMATCH: Final = PeerRule(
     "link-layer-mismatch", _layer_tally, _layer_settle, _layer_judge
 )
-
-
-def check_link_layer_mismatch(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(LINK_LAYER_MISMATCH, fleet, policies, cluster)
 
 
 def _mtu_places(snap: NodeSnapshot) -> Iterator[tuple[Device, int, str, str, int]]:
@@ -289,24 +269,14 @@ def _mtu_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]
 MTU_MISMATCH: Final = PeerRule("mtu-mismatch", _mtu_tally, _mtu_settle, _mtu_judge)
 
 
-def check_mtu_mismatch(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(MTU_MISMATCH, fleet, policies, cluster)
-
-
 # The counter/rate keys link-flap reads of a port (the rates and, as evidence, the counters).
 LINK_FLAP_KEYS: Final = frozenset(FLAP_COUNTERS)
 
 
-def check_link_flap(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_link_flap(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node in sorted(fleet):
-        record = fleet[node]
+    for node in sorted(given.fleet):
+        record = given.fleet[node]
         if quiet(record, LINK_FLAP_KEYS):  # fires only on a flap counter's rate > 0
             continue
         batch = record.counters
@@ -336,3 +306,17 @@ def check_link_flap(
                 )
             )
     return found
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(id="port-down", family="links", severity="critical",
+         check=check_port_down, reads=SNAPSHOT),
+    Rule.of_peers(RATE_MISMATCH, family="links", severity="warning", reads=SNAPSHOT,
+                  for_s=30.0),
+    # Critical against the policy's linkLayer, a warning against the fleet's majority.
+    Rule.of_peers(LINK_LAYER_MISMATCH, family="links", severity="critical", reads=SNAPSHOT),
+    Rule.of_peers(MTU_MISMATCH, family="links", severity="warning", reads=SNAPSHOT,
+                  for_s=30.0),
+    Rule(id="link-flap", family="links", severity="warning", check=check_link_flap,
+         reads=COUNTERS, counter_keys=LINK_FLAP_KEYS, resolve_s=300.0),
+)  # fmt: skip

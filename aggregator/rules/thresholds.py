@@ -10,20 +10,31 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
+from aggregator.errors import AggregatorError
 from aggregator.rules.catalog import RULES
 from aggregator.rules.finding import Finding
+from aggregator.rules.settings import RuleSettings, Thresholds
 from proto.policy import Policy
+
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "RuleSettings",
+    "ThresholdError",
+    "Thresholds",
+    "parse_alerts",
+    "parse_duration",
+    "thresholds_for",
+]
 
 _DURATION: Final = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?"
                               r"(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?\Z")  # fmt: skip
 _KEYS: Final = frozenset({"enabled", "for", "resolveAfter", "thresholds"})
 
 
-class ThresholdError(ValueError):
+class ThresholdError(AggregatorError, ValueError):
     """An invalid `alerts` entry; `path` is the key path inside the policy."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -32,45 +43,10 @@ class ThresholdError(ValueError):
         super().__init__(f"{path}: {reason}")
 
 
-@dataclass(frozen=True, slots=True)
-class RuleSettings:
-    enabled: bool = True
-    for_s: float = 0.0  # a finding must hold this long before its alert fires
-    resolve_s: float = 0.0  # and be gone this long before the alert resolves
-    params: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-
-
-def _defaults() -> Mapping[str, RuleSettings]:
-    return MappingProxyType(
-        {
-            rule_id: RuleSettings(for_s=info.for_s, resolve_s=info.resolve_s, params=info.params)
-            for rule_id, info in RULES.items()
-        }
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Settings of every rule id in the catalogue (defaults where the policy is silent)."""
-
-    rules: Mapping[str, RuleSettings] = field(default_factory=_defaults)
-
-    def of(self, rule: str) -> RuleSettings:
-        return self.rules.get(rule) or RuleSettings()
-
-    def param(self, rule: str, name: str) -> float:
-        return self.of(rule).params[name]
-
-    def enabled(self, rule: str) -> bool:
-        return self.of(rule).enabled
-
-    def with_rule(self, rule: str, **changes: Any) -> Thresholds:
-        return Thresholds(
-            rules=MappingProxyType({**self.rules, rule: replace(self.of(rule), **changes)})
-        )
-
-
-DEFAULT_THRESHOLDS: Final = Thresholds()
+# Every rule's defaults, from its descriptor (where a policy is silent).
+DEFAULT_THRESHOLDS: Final = Thresholds(
+    rules=MappingProxyType({rule_id: rule.defaults for rule_id, rule in RULES.items()})
+)
 
 
 def parse_duration(value: object, path: str) -> float:

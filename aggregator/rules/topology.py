@@ -6,10 +6,9 @@ rule id. Evidence carries the values read from the snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Final
 
-from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord
+from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import (
     DEFAULT_MAX_RELATION,
@@ -18,20 +17,14 @@ from aggregator.rules.fleetfacts import (
     is_vf,
     snapshots,
 )
-from aggregator.rules.thresholds import Thresholds
 from proto.inventory import GpuNicRelation, NodeSnapshot
-from proto.policy import Expect, Policy
-
-Fleet = Mapping[str, NodeRecord]
+from proto.policy import Expect
 
 
-def check_gpu_nic_affinity(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
+def check_gpu_nic_affinity(given: RuleInput) -> list[Finding]:
+    expect = expectations(given.fleet, given.policies, given.cluster)
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         limit = expect[node].max_gpu_nic_relation or DEFAULT_MAX_RELATION
         if not snap.devices:
             continue
@@ -66,12 +59,9 @@ def check_gpu_nic_affinity(
     return found
 
 
-def check_pcie_degraded(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_pcie_degraded(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         for device in snap.devices:
             pcie = device.pcie
             if pcie is None:
@@ -106,12 +96,9 @@ def _below(current: float | None, maximum: float | None) -> bool:
     return current is not None and maximum is not None and current < maximum
 
 
-def check_acs_enabled(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_acs_enabled(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         for bridge in sorted(set(snap.platform.acs_enabled_bridges)):
             found.append(
                 Finding(
@@ -136,13 +123,10 @@ def _gpudirect_expected(snap: NodeSnapshot, expect: Expect) -> bool:
     return bool(snap.gpus) and nvidia and bool(snap.devices)
 
 
-def check_peermem_missing(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
+def check_peermem_missing(given: RuleInput) -> list[Finding]:
+    expect = expectations(given.fleet, given.policies, given.cluster)
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         if snap.platform.peermem or not _gpudirect_expected(snap, expect[node]):
             continue
         required = expect[node].gpu_direct is True
@@ -165,13 +149,10 @@ def check_peermem_missing(
     return found
 
 
-def check_iommu_translated(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
+def check_iommu_translated(given: RuleInput) -> list[Finding]:
+    expect = expectations(given.fleet, given.policies, given.cluster)
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         if snap.platform.iommu is not True or not _gpudirect_expected(snap, expect[node]):
             continue
         found.append(
@@ -189,12 +170,9 @@ def check_iommu_translated(
     return found
 
 
-def check_numa_unknown(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
+def check_numa_unknown(given: RuleInput) -> list[Finding]:
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         known = {d.numa_node for d in snap.devices if d.numa_node is not None}
         known |= {g.numa_node for g in snap.gpus if g.numa_node is not None}
         # Multi-socket when two NUMA nodes are seen, or any id above 0 is.
@@ -216,3 +194,20 @@ def check_numa_unknown(
                 )
             )
     return found
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(id="gpu-nic-affinity", family="topology", severity="warning",
+         check=check_gpu_nic_affinity, reads=SNAPSHOT),
+    Rule(id="pcie-degraded", family="topology", severity="warning",
+         check=check_pcie_degraded, reads=SNAPSHOT, for_s=30.0),
+    Rule(id="acs-enabled", family="topology", severity="warning",
+         check=check_acs_enabled, reads=SNAPSHOT),
+    # Escalates to critical when the policy requires GPUDirect.
+    Rule(id="peermem-missing", family="topology", severity="warning",
+         check=check_peermem_missing, reads=SNAPSHOT),
+    Rule(id="iommu-translated", family="topology", severity="warning",
+         check=check_iommu_translated, reads=SNAPSHOT),
+    Rule(id="numa-unknown", family="topology", severity="warning",
+         check=check_numa_unknown, reads=SNAPSHOT),
+)  # fmt: skip

@@ -11,8 +11,7 @@ import re
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
-from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord
+from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import (
     MODEL_NAMES,
@@ -23,12 +22,9 @@ from aggregator.rules.fleetfacts import (
     model_of,
     snapshots,
 )
-from aggregator.rules.peers import Facts, Peer, PeerRule, Vote, run
-from aggregator.rules.thresholds import Thresholds
+from aggregator.rules.peers import Facts, Peer, PeerRule, Vote
 from proto.inventory import Device
-from proto.policy import Policy
 
-Fleet = Mapping[str, NodeRecord]
 # The modules of the RDMA path whose versions must agree across the fleet.
 DRIVER_MODULES: Final = (
     "mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "nvidia", "nvidia_peermem", "nv_peer_mem",
@@ -113,13 +109,6 @@ def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
 FW_SKEW: Final = PeerRule("fw-skew", _fw_tally, _fw_settle, _fw_judge)
 
 
-def check_fw_skew(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(FW_SKEW, fleet, policies, cluster)
-
-
 def _minimum_for(device: Device, minimums: Mapping[str, str]) -> tuple[str, str] | None:
     """The policy key naming this adapter's model (device id, name, HCA type or board id)."""
     model = model_of(device)
@@ -134,13 +123,10 @@ def _minimum_for(device: Device, minimums: Mapping[str, str]) -> tuple[str, str]
     return None
 
 
-def check_fw_below_minimum(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    expect = expectations(fleet, policies, cluster)
+def check_fw_below_minimum(given: RuleInput) -> list[Finding]:
+    expect = expectations(given.fleet, given.policies, given.cluster)
     found: list[Finding] = []
-    for node, snap in snapshots(fleet):
+    for node, snap in snapshots(given.fleet):
         minimums = expect[node].min_firmware
         if not minimums:
             continue
@@ -213,8 +199,9 @@ def _driver_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Findi
 DRIVER_SKEW: Final = PeerRule("driver-skew", _driver_tally, _driver_settle, _driver_judge)
 
 
-def check_driver_skew(
-    fleet: Fleet, policies: tuple[Policy, ...], cluster: ClusterView, now: float,
-    thresholds: Thresholds,
-) -> list[Finding]:  # fmt: skip
-    return run(DRIVER_SKEW, fleet, policies, cluster)
+RULES: Final[tuple[Rule, ...]] = (
+    Rule.of_peers(FW_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+    Rule(id="fw-below-minimum", family="versions", severity="critical",
+         check=check_fw_below_minimum, reads=SNAPSHOT),
+    Rule.of_peers(DRIVER_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+)  # fmt: skip

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from aggregator.cluster import ClusterView, policies_by_node
+from aggregator.errors import AggregatorError
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.host import (
     ChainContext,
@@ -44,13 +45,13 @@ MAX_SUGGESTIONS: Final = 3
 NAD_RESOURCE_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
 
 
-class UnknownNode(LookupError):
+class UnknownNode(AggregatorError, LookupError):
     def __init__(self, node: str, suggestions: tuple[str, ...]) -> None:
         super().__init__(f"node {node!r} not found")
         self.node, self.suggestions = node, suggestions
 
 
-class UnknownResource(LookupError):
+class UnknownResource(AggregatorError, LookupError):
     def __init__(self, node: str, resource: str, suggestions: tuple[str, ...]) -> None:
         known = (
             f"; known here: {', '.join(suggestions)}"

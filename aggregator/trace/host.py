@@ -13,7 +13,8 @@ from typing import Any, Final
 import msgspec
 
 from aggregator.cluster import ClusterView
-from aggregator.fleet.state import NodeRecord, node_state
+from aggregator.fleet.state import NodeRecord
+from aggregator.fleet.views import node_state
 from proto.http import Link
 from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot

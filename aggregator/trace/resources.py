@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aggregator.cluster import ClusterView, policies_by_node
-from aggregator.fleet.state import NodeRecord, node_state
+from aggregator.fleet.state import NodeRecord
+from aggregator.fleet.views import node_state
 from proto.dpconfig import resource_full_name
 from proto.http import ResourceOnNode, ResourceSummary
 from proto.policy import Policy

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from aggregator.errors import AggregatorError
 from aggregator.validations.request import ValidationRequest
 from proto.http import FINAL_PHASES, Phase, ValidationRecord
 from proto.messages.validation import ValidationResult, ValidationRole
@@ -68,7 +69,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
 
 
-class RejectedResult(ValueError):
+class RejectedResult(AggregatorError, ValueError):
     """A result message that does not belong to this validation (counted, ignored)."""
 
 

@@ -15,6 +15,7 @@ from typing import Final
 import msgspec
 
 from aggregator.cluster import ClusterView
+from aggregator.errors import AggregatorError
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.resources import allocatable_count
 from proto.subjects import InvalidNodeName, validate_node_name
@@ -35,19 +36,19 @@ class ValidationRequest(msgspec.Struct, frozen=True, kw_only=True):
     network: str | None = None  # NetworkAttachmentDefinition, "name" or "namespace/name"
 
 
-class InvalidRequest(ValueError):
+class InvalidValidationRequest(AggregatorError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field, self.message = field, message
 
 
-class UnknownValidationNode(LookupError):
+class UnknownValidationNode(AggregatorError, LookupError):
     def __init__(self, field: str, node: str, suggestions: tuple[str, ...]) -> None:
         super().__init__(f"node {node!r} not found")
         self.field, self.node, self.suggestions = field, node, suggestions
 
 
-class ResourceNotAdvertised(LookupError):
+class ResourceNotAdvertised(AggregatorError, LookupError):
     """A selected node does not advertise the resource: its pod could never be scheduled."""
 
     def __init__(self, resource: str, nodes: tuple[str, ...], elsewhere: tuple[str, ...]) -> None:
@@ -57,34 +58,36 @@ class ResourceNotAdvertised(LookupError):
 
 
 def parse_request(body: object) -> ValidationRequest:
-    """The POST body as a request; InvalidRequest names the field."""
+    """The POST body as a request; InvalidValidationRequest names the field."""
     if not isinstance(body, dict):
-        raise InvalidRequest("body", "the body must be a JSON object")
+        raise InvalidValidationRequest("body", "the body must be a JSON object")
     for key in body:
         if key not in REQUEST_FIELDS:
-            raise InvalidRequest(
+            raise InvalidValidationRequest(
                 str(key), f"unknown field {key!r}; expected {list(REQUEST_FIELDS)}"
             )
     nodes = body.get("nodes")
     if not isinstance(nodes, list) or len(nodes) != 2:
-        raise InvalidRequest("nodes", "nodes must be a list of exactly two node names")
+        raise InvalidValidationRequest("nodes", "nodes must be a list of exactly two node names")
     for i, node in enumerate(nodes):
         if not isinstance(node, str):
-            raise InvalidRequest(f"nodes[{i}]", f"nodes[{i}] must be a string")
+            raise InvalidValidationRequest(f"nodes[{i}]", f"nodes[{i}] must be a string")
         try:
             validate_node_name(node)
         except InvalidNodeName as exc:
-            raise InvalidRequest(f"nodes[{i}]", f"nodes[{i}]: {exc}") from exc
+            raise InvalidValidationRequest(f"nodes[{i}]", f"nodes[{i}]: {exc}") from exc
     if nodes[0] == nodes[1]:
-        raise InvalidRequest("nodes", f"nodes must be two different nodes, got {nodes[0]!r} twice")
+        raise InvalidValidationRequest(
+            "nodes", f"nodes must be two different nodes, got {nodes[0]!r} twice"
+        )
     resource = body.get("resource")
     if not isinstance(resource, str) or len(resource) > 317 or not _RESOURCE.fullmatch(resource):
-        raise InvalidRequest(
+        raise InvalidValidationRequest(
             "resource", f"resource must be a full name such as rdma/hca_shared, got {resource!r}"
         )
     network = body.get("network")
     if network is not None and (not isinstance(network, str) or not _NETWORK.fullmatch(network)):
-        raise InvalidRequest(
+        raise InvalidValidationRequest(
             "network", f"network must be a NetworkAttachmentDefinition [namespace/]name, "
             f"got {network!r}"
         )  # fmt: skip
@@ -107,7 +110,8 @@ def check_request(
     request: ValidationRequest, *, fleet: Mapping[str, NodeRecord], cluster: ClusterView
 ) -> None:
     """Unknown nodes (UnknownValidationNode), a resource a node does not advertise
-    (ResourceNotAdvertised) or an unknown network (InvalidRequest) stop it before any pod."""
+    (ResourceNotAdvertised) or an unknown network (InvalidValidationRequest) stop it before
+    any pod."""
     known = sorted({*fleet, *cluster.nodes})
     for i, node in enumerate(request.nodes):
         if node not in fleet and node not in cluster.nodes:
@@ -122,6 +126,6 @@ def check_request(
         names = {f"{a.namespace}/{a.name}" for a in cluster.attachments}
         names |= {a.name for a in cluster.attachments}
         if request.network not in names:
-            raise InvalidRequest(
+            raise InvalidValidationRequest(
                 "network", f"no NetworkAttachmentDefinition {request.network!r} in the cluster"
             )

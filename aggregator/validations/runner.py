@@ -26,7 +26,7 @@ from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
-from aggregator.errors import KubeError, StoreError
+from aggregator.errors import AggregatorError, KubeError, StoreError
 from aggregator.fleet.store import open_bucket
 from aggregator.kube.client import KubeClient
 from aggregator.validations.record import (
@@ -54,16 +54,16 @@ log = logging.getLogger(__name__)
 KV_VALIDATIONS: Final = "nicfleet-validations"
 # In a source tree; in a cluster the template comes from a ConfigMap (docs/validation.md).
 TEMPLATE: Final = Path(__file__).resolve().parents[2] / "deploy/validation/pod-template.yaml"
-RESYNC_S: Final = 60.0
+REWATCH_S: Final = 60.0
 STOPPED: Final = "the aggregator stopped before the validation finished"
 MAX_INBOX: Final = 16  # result messages buffered per validation; two are expected
 
 
-class ValidationBusy(Exception):
+class ValidationBusy(AggregatorError, retryable=True):
     """Too many validations queued; retry later (HTTP 429)."""
 
 
-class ValidationUnavailable(Exception):
+class ValidationUnavailable(AggregatorError):
     """No Kubernetes API to create pods in (HTTP 503)."""
 
 
@@ -128,8 +128,8 @@ class ValidationStore:
                     await asyncio.wait_for(stop.wait(), 1.0)
                 continue
             # A watch is an ephemeral consumer that a NATS restart can lose without a word;
-            # a fresh one every RESYNC_S re-delivers every key's latest value.
-            renew_at = time.monotonic() + RESYNC_S
+            # a fresh one every REWATCH_S re-delivers every key's latest value.
+            renew_at = time.monotonic() + REWATCH_S
             try:
                 while not stop.is_set() and time.monotonic() < renew_at:
                     try:

@@ -15,9 +15,10 @@ from typing import Any
 import nkeys
 
 from proto import subjects
+from proto.errors import ProtoError
 
 
-class NatsSecurityError(ValueError):
+class NatsSecurityError(ProtoError, ValueError):
     """A credential or TLS setting that cannot be used; `flag` names the option."""
 
     def __init__(self, flag: str, path: Path | None, reason: str) -> None:

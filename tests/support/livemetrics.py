@@ -16,7 +16,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.deviceplugin.manager import DevicePluginSettings
+from agent.deviceplugin.advertised import DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.faults import port_down
 from agent.lab.render import render

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
+from agent.errors import AgentError
 from proto.messages.validation import LatencySummary
 
 WRITE_BW: Final = "ib_write_bw"
@@ -21,7 +22,7 @@ _LAT_HEADER: Final = re.compile(r"#bytes\s+#iterations\s+t_min\[usec\]")
 _TWO_DECIMALS: Final = re.compile(r"\d+\.\d\d")
 
 
-class PerftestParseError(ValueError):
+class PerftestParseError(AgentError, ValueError):
     """Output that holds no perftest result table (or a row that is not one)."""
 
 

@@ -1,4 +1,4 @@
-"""How the rules run: the explicit registry of every rule and the full evaluation
+"""How the rules run: the tables read off the rule descriptors and the full evaluation
 (`registry`), incremental evaluation (`incremental`), due times of time-dependent rules
 (`duetimes`), findings kept sorted (`sortedfindings`) and the peer rules' tallies
 (`peertally`). Pure.

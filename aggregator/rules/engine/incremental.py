@@ -18,12 +18,14 @@ from typing import Final, cast
 from msgspec.structs import astuple
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
+from aggregator.errors import AggregatorError
 from aggregator.fleet.state import NodeRecord
+from aggregator.rules.catalog import RULE_IDS
 from aggregator.rules.counterbase import same_counter_inputs
+from aggregator.rules.descriptor import RuleInput
 from aggregator.rules.engine.duetimes import DueNodes
 from aggregator.rules.engine.peertally import PeerTally
 from aggregator.rules.engine.registry import (
-    ALL_RULES,
     CHECKS,
     COUNTER_KEYS,
     NODE_RULES,
@@ -43,7 +45,7 @@ _ALL_FIELDS: Final = frozenset(_FIELDS)  # this very object: the node came or we
 UnitKey = tuple[str | None, str, bool]  # (node, or None for the fleet), rule, fallback
 
 
-class Abandoned(Exception):
+class Abandoned(AggregatorError):
     """`evaluate` gave up because its `abandon` callback said so; the next call starts over."""
 
 
@@ -137,7 +139,7 @@ class IncrementalRules:
         fresh = not self._same_context(policies, cluster, thresholds)
         if fresh:
             self._start_over()
-            self._enabled = frozenset(r for r, _ in ALL_RULES if thresholds.enabled(r))
+            self._enabled = frozenset(r for r in RULE_IDS if thresholds.enabled(r))
             fields = dict.fromkeys(fleet, _ALL_FIELDS)
         else:
             fields = self._changed_fields(fleet)
@@ -278,8 +280,9 @@ class IncrementalRules:
 
     def _check_local(self, rule: str, names: list[str]) -> dict[str, list[Finding]]:
         fleet, cluster = self._sub(names)
+        given = RuleInput(fleet, self._policies, cluster, self._now, self._thresholds)
         by_node: dict[str, list[Finding]] = {}
-        for f in CHECKS[rule](fleet, self._policies, cluster, self._now, self._thresholds):
+        for f in CHECKS[rule](given):
             if f.node not in fleet:
                 raise LookupError(f"{rule} reported {f.node!r}, not a node evaluated")
             by_node.setdefault(f.node, []).append(f)
@@ -362,10 +365,9 @@ class IncrementalRules:
 
     def _publish(self, enabled: frozenset[str]) -> None:
         failing = frozenset(rule for rule, keys in self._broken.items() if keys and rule in enabled)
-        for rule in failing:  # a rule that raised: its data-quality finding, exactly as
-            found = _dedup(run_rule(rule, self._fleet, self._policies, self._cluster,
-                                    self._now, self._thresholds))  # fmt: skip
-            self._set_unit((None, rule, True), found)
+        given = RuleInput(self._fleet, self._policies, self._cluster, self._now, self._thresholds)
+        for rule in failing:  # a rule that raised: its data-quality finding, as `evaluate`'s
+            self._set_unit((None, rule, True), _dedup(run_rule(rule, given)))
         for rule in self._failing - failing:
             self._set_unit((None, rule, True), ())
         changed, self._changed_units = self._changed_units, {}

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.deviceplugin.resource import socket_name
+from agent.deviceplugin.sockets import socket_name
 from agent.lab.faults import port_down, port_up
 from agent.lab.hotplug import STASH, device_add, device_remove
 from agent.lab.render import render

@@ -17,7 +17,7 @@ import pytest
 from nats.js.kv import KeyValue
 
 from agent.bus.desired import DesiredConfigWatcher, DesiredSettings
-from agent.deviceplugin.manager import DevicePluginSettings
+from agent.deviceplugin.advertised import DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name

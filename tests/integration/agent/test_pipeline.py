@@ -74,7 +74,7 @@ async def api_get(service: AggregatorService, path: str) -> httpx.Response:
 
 async def node_detail(service: AggregatorService, node: str) -> dict[str, object] | None:
     response = await api_get(service, f"/api/v1/nodes/{node}")
-    return response.json() if response.status_code == 200 else None  # type: ignore[no-any-return]
+    return response.json() if response.status_code == 200 else None
 
 
 async def test_agent_to_api_end_to_end(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import kmock
 import nats
+import nats.aio.msg
 import pytest
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import nats
+import nats.aio.msg
 import pytest
 
 from agent.lab import faults

@@ -188,7 +188,7 @@ async def test_walk_while_a_task_keeps_changing_the_fleet(client: Client, fleet:
         pytest.param({"name": "*[16]", "state": "ready"}, 500, id="glob-and-state-some"),
     ],
 )
-async def test_filtered_walks(client: Client, params: dict[str, str], total: int) -> None:
+async def test_filtered_walks(client: Client, params: dict[str, Any], total: int) -> None:
     body = await get_json(client, "/api/v1/nodes", limit=300, **params)
     assert body["total"] == total
     assert ("continue" in body) == (total > 300)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import nats
+import nats.aio.msg
 import pytest
 
 from aggregator.bus.keys import Provisioned, provision

@@ -53,7 +53,7 @@ def server(tmp_path: Path, keys: Provisioned) -> Iterator[NatsServer]:
         yield srv
 
 
-def agent_security(keys: Provisioned, node: str, **tls: Path) -> NatsClientSecurity:
+def agent_security(keys: Provisioned, node: str, **tls: Any) -> NatsClientSecurity:
     return NatsClientSecurity(nkey_seed_file=keys.agent_seeds[node], **tls)
 
 
@@ -110,7 +110,7 @@ async def refused(url: str, security: NatsClientSecurity) -> str:
 
 
 @asynccontextmanager
-async def aggregator(url: str, keys: Provisioned, **tls: Path) -> AsyncIterator[AggregatorService]:
+async def aggregator(url: str, keys: Provisioned, **tls: Any) -> AsyncIterator[AggregatorService]:
     security = NatsClientSecurity(nkey_seed_file=keys.aggregator_seed, **tls)
     service = AggregatorService(
         AggregatorSettings(nats_url=url, listen_port=0, nats_security=security)
@@ -335,7 +335,7 @@ def assert_tls_refusal(error: str, reason: str) -> None:
     assert reason in text or "broken pipe" in text or "connection reset" in text, error
 
 
-def client_tls(pki: dict[str, Path], who: str) -> dict[str, Path]:
+def client_tls(pki: dict[str, Path], who: str) -> dict[str, Any]:
     return {"tls_ca": pki["ca"], "tls_cert": pki[f"{who}-cert"], "tls_key": pki[f"{who}-key"]}
 
 

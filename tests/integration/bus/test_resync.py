@@ -17,11 +17,11 @@ import httpx
 import nats
 import pytest
 
-from agent.bus.resyncpacing import ResyncPolicy
+from agent.bus.republishpacing import RepublishPolicy
 from agent.lab.faults import port_down
 from agent.service import AgentService, AgentSettings
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
-from aggregator.bus.resync import ResyncSettings
+from aggregator.bus.resyncrequest import ResyncRequestSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import encode
@@ -35,15 +35,15 @@ from tests.support.waits import wait_until
 pytestmark = pytest.mark.integration
 
 # Answers come fast and are not rate limited here, so each test sees every request.
-FAST = ResyncPolicy(jitter_s=0.2, min_interval_s=0.0)
+FAST = RepublishPolicy(jitter_s=0.2, min_interval_s=0.0)
 
 
 @asynccontextmanager
 async def agent(
-    url: str, root: Path, node: str, policy: ResyncPolicy = FAST
+    url: str, root: Path, node: str, policy: RepublishPolicy = FAST
 ) -> AsyncIterator[AgentService]:
     """An agent that would not publish a periodic snapshot nor a full counter batch for an
-    hour: whatever the aggregator learns after a miss comes from a resync."""
+    hour: whatever the aggregator learns after a miss comes from a republish."""
     service = AgentService(
         AgentSettings(
             node_name=node,
@@ -53,7 +53,7 @@ async def agent(
             counter_full_every=100_000,
             inventory_interval=3600.0,
             netlink=False,
-            resync=policy,
+            republish=policy,
         )
     )
     stop = asyncio.Event()
@@ -68,7 +68,7 @@ async def agent(
 @asynccontextmanager
 async def aggregator(url: str) -> AsyncIterator[AggregatorService]:
     service = AggregatorService(
-        AggregatorSettings(nats_url=url, listen_port=0, resync=ResyncSettings(min_gap_s=0.2))
+        AggregatorSettings(nats_url=url, listen_port=0, resync=ResyncRequestSettings(min_gap_s=0.2))
     )
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
@@ -125,7 +125,7 @@ async def test_change_while_the_aggregator_was_down_arrives_at_its_start(
             await wait_until(lambda: port_state(second, node) == "DOWN", what="DOWN after resync")
             await wait_until(lambda: bool(inbox.about(node, "mlx5_0/1")), what="port-down alert")
             assert [a.state for a in inbox.about(node, "mlx5_0/1")] == ["firing"]
-            # Deltas alone cannot be merged by a new process: this is the resync's full batch.
+            # Deltas alone cannot be merged by a new process: this is the republish's full batch.
             await wait_until(
                 lambda: (
                     (record := second.fleet.get(node)) is not None and record.counters is not None
@@ -142,7 +142,7 @@ async def test_many_requests_cause_one_answer_per_agent(
 ) -> None:
     node = "resync-dedup-01"
     root = lab_node(tmp_path, "roce-cx6dx", node)
-    policy = ResyncPolicy(jitter_s=2.0, min_interval_s=600.0)
+    policy = RepublishPolicy(jitter_s=2.0, min_interval_s=600.0)
     nc = await nats.connect(nats_server.url)
     try:
         async with agent(nats_server.url, root, node, policy) as running:

@@ -14,7 +14,8 @@ from click.testing import CliRunner, Result
 
 from aggregator.ctl.main import cli
 from aggregator.ctl.render import console_for, render_nodes
-from aggregator.fleet.state import Fleet, summarize
+from aggregator.fleet.state import Fleet
+from aggregator.fleet.views import summarize
 from tests.support.api_fixtures import NOW, STALE_AFTER, Harness, sample_fleet, serve_in_thread
 
 pytestmark = pytest.mark.integration

@@ -45,7 +45,7 @@ def test_token_file_option(server: str, tmp_path: Path) -> None:
 
 
 def test_token_file_from_env_and_every_command(server: str, tmp_path: Path) -> None:
-    env = {"NICFLEET_TOKEN_FILE": token_file(tmp_path, f"  {ADMIN}  \n")}
+    env: dict[str, str | None] = {"NICFLEET_TOKEN_FILE": token_file(tmp_path, f"  {ADMIN}  \n")}
     for args in (("nodes", "-o", "json"), ("node", "gpu-002"), ("resources",)):
         result = ctl("--server", server, *args, env=env)
         assert result.exit_code == 0, (args, result.output)

@@ -13,9 +13,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import nats
+import nats.aio.msg
 import pytest
 
-from agent.deviceplugin.manager import DevicePluginSettings
+from agent.deviceplugin.advertised import DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.faults import port_down, port_up
 from agent.lab.render import render

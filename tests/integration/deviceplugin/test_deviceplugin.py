@@ -20,7 +20,7 @@ import grpc
 import msgspec
 import pytest
 
-from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
+from agent.deviceplugin.advertised import AdvertisedResources, DevicePluginSettings
 from agent.deviceplugin.registration import Backoff, RegistrationMode
 from agent.host.inventory import collect_port_states, collect_snapshot
 from agent.host.sysfs import Sysfs
@@ -28,6 +28,7 @@ from agent.lab import faults
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
 from proto.deviceplugin import api_pb2
+from proto.inventory import PortStateName
 from proto.messages.config import Selectors
 from proto.messages.status import DevicePluginStatus, ResourceStatus
 from tests.support.dpfakes import config, node, rdma_device, resource
@@ -36,8 +37,8 @@ from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
 
-DOWN = ("DOWN", "Disabled")
-UP = ("ACTIVE", "LinkUp")
+DOWN: tuple[PortStateName, str | None] = ("DOWN", "Disabled")
+UP: tuple[PortStateName, str | None] = ("ACTIVE", "LinkUp")
 SHARED = "rdma/hca_shared"
 
 
@@ -64,7 +65,7 @@ def make_manager(
     mode: RegistrationMode = "legacy",
     statuses: list[DevicePluginStatus] | None = None,
     **overrides: object,
-) -> DevicePluginManager:
+) -> AdvertisedResources:
     settings = DevicePluginSettings(
         device_plugin_dir=dirs.plugins,
         plugins_registry_dir=dirs.registry,
@@ -77,11 +78,11 @@ def make_manager(
     )
     settings = replace(settings, **overrides)  # type: ignore[arg-type]
     sink = statuses.append if statuses is not None else None
-    return DevicePluginManager(settings, node="gpu-001", on_status=sink)
+    return AdvertisedResources(settings, node="gpu-001", on_status=sink)
 
 
 @contextlib.asynccontextmanager
-async def running(manager: DevicePluginManager) -> AsyncIterator[DevicePluginManager]:
+async def running(manager: AdvertisedResources) -> AsyncIterator[AdvertisedResources]:
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:
@@ -102,11 +103,11 @@ def health(response: api_pb2.ListAndWatchResponse) -> set[str]:
     return {d.health for d in response.devices}
 
 
-def resource_status(manager: DevicePluginManager, name: str = SHARED) -> ResourceStatus:
+def resource_status(manager: AdvertisedResources, name: str = SHARED) -> ResourceStatus:
     return next(r for r in manager.status() if r.name == name)
 
 
-def registered(manager: DevicePluginManager, name: str = SHARED) -> bool:
+def registered(manager: AdvertisedResources, name: str = SHARED) -> bool:
     return any(r.name == name and r.registration == "registered" for r in manager.status())
 
 
@@ -444,7 +445,7 @@ async def test_a_failing_selector_or_status_sink_never_breaks_updates(dirs: Dirs
     def broken_sink(status: DevicePluginStatus) -> None:
         raise RuntimeError("queue full")
 
-    manager = DevicePluginManager(
+    manager = AdvertisedResources(
         make_manager(dirs).settings,
         node="gpu-001",
         select=flaky_select,  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.deviceplugin.manager import DevicePluginManager, DevicePluginSettings
+from agent.deviceplugin.advertised import AdvertisedResources, DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.kubelet import KubeletEmulator
 from agent.lab.kubeletrun import STATE_FILE, state_of
@@ -40,7 +40,7 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _manager(plugins: Path) -> DevicePluginManager:
+def _manager(plugins: Path) -> AdvertisedResources:
     settings = DevicePluginSettings(
         device_plugin_dir=plugins,
         plugins_registry_dir=plugins / "registry",
@@ -50,7 +50,7 @@ def _manager(plugins: Path) -> DevicePluginManager:
         call_timeout=1.0,
         backoff=Backoff(initial=0.05, maximum=0.5),
     )
-    manager = DevicePluginManager(settings, node="gpu-001")
+    manager = AdvertisedResources(settings, node="gpu-001")
     manager.apply_config(config(resource("excl", exclusive=True)), generation=1)
     snapshot = node(
         rdma_device("mlx5_0", 0, ports=[("ACTIVE", "LinkUp")]),
@@ -61,7 +61,7 @@ def _manager(plugins: Path) -> DevicePluginManager:
 
 
 @contextlib.asynccontextmanager
-async def running(manager: DevicePluginManager) -> AsyncIterator[None]:
+async def running(manager: AdvertisedResources) -> AsyncIterator[None]:
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as group:
         group.create_task(manager.run(stop))
@@ -89,7 +89,7 @@ async def test_kubelet_process_counts_healthy_devices_and_cleans_up(short_dir: P
 
             def counted() -> bool:
                 doc = _state(a) or {}
-                return doc.get("resources", {}).get(EXCL, {}).get("capacity") == 2
+                return bool(doc.get("resources", {}).get(EXCL, {}).get("capacity") == 2)
 
             await wait_until(counted, what="the plugin's device list in the state file")
             view = _state(a)["resources"][EXCL]  # type: ignore[index]

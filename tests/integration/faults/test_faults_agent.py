@@ -18,7 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from agent.deviceplugin.server import socket_id
+from agent.deviceplugin.sockets import socket_id
 from agent.lab.faults import port_down
 from aggregator.bus.natsserver import NatsServer
 from aggregator.service import AggregatorService

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import cast
 
 import nats
 import pytest
@@ -79,7 +80,7 @@ async def test_deleted_keys_and_an_empty_bucket_give_nothing(kv: KeyValue) -> No
 async def test_stopping_early_leaves_the_bucket_usable(kv: KeyValue) -> None:
     for i in range(10):
         await put(kv, f"gpu-{i}", 1)
-    loads = load_nodes(kv)
+    loads = cast(AsyncGenerator[StoredNode, None], load_nodes(kv))
     first = await anext(loads)
     await loads.aclose()
     assert first.snapshot.node.startswith("gpu-")
@@ -90,7 +91,7 @@ async def test_a_load_leaves_no_consumer_behind(kv: KeyValue) -> None:
     for i in range(600):  # more than one pull batch
         await put(kv, f"gpu-{i:03d}", 1)
     assert len([s async for s in load_nodes(kv)]) == 600
-    loads = load_nodes(kv)
+    loads = cast(AsyncGenerator[StoredNode, None], load_nodes(kv))
     await anext(loads)
     await loads.aclose()
     info = await kv._js.stream_info(kv._stream)

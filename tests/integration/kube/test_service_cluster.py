@@ -98,7 +98,7 @@ async def test_aggregator_with_a_cluster_leads_plans_and_reports(
                     await wait_until(lambda: leader.is_leader, timeout=15, what="the Lease taken")
 
                     def status_written() -> bool:
-                        status = emulator.objects[POLICIES, None, "roce"].get("status")
+                        status: Any = emulator.objects[POLICIES, None, "roce"].get("status")
                         return bool(status) and status.get("observedGeneration") == 3
 
                     await wait_until(status_written, timeout=20, what="policy status written")

@@ -241,7 +241,7 @@ def replica_processes(
 async def simulated_agents(urls: list[str], requests: list[ResyncRequest]) -> AsyncIterator[None]:
     """Every node's snapshot, published through the 3 servers at start and again on each
     resync request that names its partition, or every partition (what real agents do,
-    agent.bus.resync); the requests are recorded."""
+    agent.bus.republish); the requests are recorded."""
     snapshots = {name: encode(lab_snapshot(name)) for name in NODES}
     agents = [await nats.connect(url) for url in urls]
 

@@ -15,6 +15,7 @@ import pytest
 from agent.verify.pair import sides as pairtest
 from agent.verify.pair.handshake import (
     MAX_FRAME,
+    Channel,
     Endpoint,
     HandshakeError,
     Start,
@@ -87,7 +88,7 @@ SERVER_GID = "0000:0000:0000:0000:0000:ffff:0a0a:000b"
 CLIENT_GID = "0000:0000:0000:0000:0000:ffff:0a0a:000c"
 
 
-Accepted = asyncio.Queue[pairtest.Channel]
+Accepted = asyncio.Queue[Channel]
 
 
 async def start_server(settings: pairtest.PairSettings) -> tuple[asyncio.Server, Accepted, int]:

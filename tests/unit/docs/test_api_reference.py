@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from types import ModuleType
 
-from aggregator.api.openapi import OPERATIONS, POST_OPERATIONS, VALIDATION_OPERATIONS
+from aggregator.api.openapiops import OPERATIONS, POST_OPERATIONS, VALIDATION_OPERATIONS
 from tests.support.paths import REPO
 
 ROOT = REPO

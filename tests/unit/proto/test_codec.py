@@ -303,5 +303,6 @@ def test_device_plugin_config_uses_upstream_field_names() -> None:
         "rdma",
         1000,
     )
+    assert resource.selectors is not None
     assert resource.selectors.device_ids == ("1017",)
     assert resource.selectors.if_names == ("ens1f0",)

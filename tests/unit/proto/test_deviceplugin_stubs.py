@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         (pluginregistration_pb2.RegistrationStatus, "error", 2),
     ],
 )
-def test_field_numbers_are_the_upstream_ones(message: type, field: str, number: int) -> None:
+def test_field_numbers_are_the_upstream_ones(message: Any, field: str, number: int) -> None:
     assert message.DESCRIPTOR.fields_by_name[field].number == number
 
 

@@ -385,7 +385,7 @@ INVALID = [
     pytest.param(
         {"configList": {"resourceName": "a"}}, "configList", "must be a list", id="list-not-mapping"
     ),
-    pytest.param(doc("hca_a"), "configList[0]", "must be a mapping", id="entry-not-mapping"),
+    pytest.param(doc("hca_a"), "configList[0]", "must be a mapping", id="entry-not-mapping"),  # type: ignore[arg-type]
     pytest.param(
         doc(entry(rdmaHcaMx=1)),
         "configList[0].rdmaHcaMx",

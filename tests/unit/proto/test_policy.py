@@ -17,6 +17,7 @@ def test_shipped_example_loads() -> None:
     assert policy.spec.expect.max_gpu_nic_relation == "PXB"
     config = policy.spec.rdma_shared_device_plugin
     assert config is not None
+    assert config.config_list[0].selectors is not None
     assert config.config_list[0].selectors.device_ids == ("1021",)
 
 

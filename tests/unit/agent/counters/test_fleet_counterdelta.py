@@ -88,7 +88,7 @@ def test_an_unmatched_delta_keeps_the_node_fresh_but_stores_nothing() -> None:
     fleet = Fleet()
     fleet.apply_counters(F1, received_at=T0)
     before = fleet.get(NODE)
-    record = fleet.apply_counters(delta(F2, F3), received_at=T0 + 50)
+    record = fleet.apply_counters(delta(F2, F3), received_at=T0 + 50).record
     assert before is not None and record.counters is before.counters
     assert record.last_seen == T0 + 50 and record.counters_received_at == T0
 
@@ -186,10 +186,10 @@ def rounds(draw: st.DrawFn) -> list[CounterBatch]:
     raw=rounds(),
     full_every=st.integers(1, 6),
     lost=st.sets(st.integers(1, 14)),
-    resync=st.sets(st.integers(1, 14)),
+    rebase=st.sets(st.integers(1, 14)),
 )
 def test_full_plus_deltas_equal_the_full_batches(
-    raw: list[CounterBatch], full_every: int, lost: set[int], resync: set[int]
+    raw: list[CounterBatch], full_every: int, lost: set[int], rebase: set[int]
 ) -> None:
     encoder = DeltaEncoder(full_every=full_every)
     deltas, fulls = Fleet(), Fleet()
@@ -197,8 +197,8 @@ def test_full_plus_deltas_equal_the_full_batches(
     delivered: set[int] = set()
     for n, sample in enumerate(raw):
         previous = batch = with_rates(previous, sample)
-        if batch.seq in resync:
-            encoder.resync()
+        if batch.seq in rebase:
+            encoder.rebase()
         message = encoder.encode(batch)
         encoder.sent(message, True)  # the agent cannot tell that core NATS lost it
         if batch.seq in lost:
@@ -206,8 +206,8 @@ def test_full_plus_deltas_equal_the_full_batches(
         delivered.add(batch.seq)
         before = deltas.get(NODE)
         received = decode(encode(message), CounterBatch)
-        stored = deltas.apply_counters(received, T0 + n).counters
-        expected = fulls.apply_counters(batch, T0 + n).counters
+        stored = deltas.apply_counters(received, T0 + n).record.counters
+        expected = fulls.apply_counters(batch, T0 + n).record.counters
         if message.base_seq is None or message.base_seq in delivered:
             assert stored == expected
         else:

@@ -24,12 +24,12 @@ from agent.deviceplugin.plan import (
 )
 from agent.deviceplugin.registration import Backoff, resolve_mode
 from agent.deviceplugin.selectors import select_devices
-from proto.inventory import Device, Interface
+from proto.inventory import Device, Interface, PortStateName
 from proto.messages.config import Selectors
 from tests.support.dpfakes import node, rdma_device, resource
 
-UP = ("ACTIVE", "LinkUp")
-DOWN = ("DOWN", "Disabled")
+UP: tuple[PortStateName, str | None] = ("ACTIVE", "LinkUp")
+DOWN: tuple[PortStateName, str | None] = ("DOWN", "Disabled")
 
 
 def _plan(*devices: Device, states: PortStates | None = None, **kwargs: object) -> ResourcePlan:

@@ -15,8 +15,9 @@ from agent.host.inventory import collect_port_states, collect_snapshot
 from agent.host.sysfs import Sysfs
 from agent.host.topology import parse_topo_matrix
 from agent.lab import faults
+from agent.lab.nodespec import NodeSpec, Sriov
 from agent.lab.render import render
-from agent.lab.spec import NodeSpec, Sriov, load_builtin
+from agent.lab.spec import load_builtin
 from proto.inventory import Device, NodeSnapshot
 from tests.support.sysfs_trees import TOPOLOGY
 

@@ -13,8 +13,9 @@ import pytest
 from agent.host.portstates import PortStateReader, collect_port_states
 from agent.host.sysfs import Sysfs
 from agent.lab.faults import port_down, port_up
+from agent.lab.nodespec import PhysState, PortState
 from agent.lab.render import render
-from agent.lab.spec import PhysState, PortState, load_builtin
+from agent.lab.spec import load_builtin
 from proto.ibta import PHYS_STATES, PORT_STATES
 from tests.support.sysfs_trees import BlockingSysfs, attrs, link, released, write
 

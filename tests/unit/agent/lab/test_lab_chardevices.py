@@ -15,9 +15,10 @@ from agent.host.inventory import collect_snapshot
 from agent.host.sysfs import Sysfs
 from agent.lab import hotplug
 from agent.lab.layout import plan
+from agent.lab.nodespec import NodeSpec
 from agent.lab.rdma import vf_adapters
 from agent.lab.render import render
-from agent.lab.spec import NodeSpec, builtin_specs, load_builtin
+from agent.lab.spec import builtin_specs, load_builtin
 
 MISC = "devices/virtual/misc/rdma_cm"
 

@@ -30,7 +30,8 @@ def _u32(data: bytes, offset: int) -> int:
 def _caps(data: bytes) -> dict[int, int]:
     """Standard list: status bit 4, pointer at 0x34, each cap [id, next]. id -> offset."""
     assert _u16(data, 0x06) & 0x10
-    out, offset = {}, data[0x34]
+    out: dict[int, int] = {}
+    offset = data[0x34]
     while offset:
         assert offset >= 0x40 and offset not in out.values()
         out[data[offset]] = offset

@@ -11,15 +11,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from agent.lab.nodespec import Module, NodeSpec, guid_text, parse_cpulist
 from agent.lab.spec import (
-    Module,
-    NodeSpec,
     SpecError,
     builtin_specs,
-    guid_text,
     load_builtin,
     load_spec,
-    parse_cpulist,
     parse_spec,
     with_node_name,
 )

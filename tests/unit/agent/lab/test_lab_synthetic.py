@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from agent.lab.models import ALL_HW_COUNTERS, PMA_COUNTERS
+from agent.lab.nodespec import guid_text
 from agent.lab.render import render
-from agent.lab.spec import guid_text, parse_spec
+from agent.lab.spec import parse_spec
 from agent.lab.synthetic import synthetic_spec
 
 
@@ -27,7 +29,7 @@ def test_synthetic_spec_is_valid_and_mlx5_shaped(cards: int) -> None:
     assert addresses == sorted(addresses)  # mlx5_N numbered in PCI order
     per_card = Counter(a.address[:-2] for a in spec.adapters)
     assert set(per_card.values()) == {2}
-    images = {a.address[:-2]: set() for a in spec.adapters}
+    images: dict[str, set[str]] = {a.address[:-2]: set() for a in spec.adapters}
     for a in spec.adapters:
         images[a.address[:-2]].add(guid_text(a.sys_image_guid or a.node_guid))
     assert all(len(v) == 1 for v in images.values())
@@ -81,6 +83,6 @@ def test_synthetic_options() -> None:
         pytest.param({"adapters": 128, "gpus": 32}, "do not fit one PCI domain", id="buses"),
     ],
 )
-def test_synthetic_bounds(kwargs: dict[str, int], message: str) -> None:
+def test_synthetic_bounds(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         synthetic_spec(**kwargs)

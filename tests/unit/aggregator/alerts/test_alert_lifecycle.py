@@ -269,7 +269,7 @@ class _MemoryStore:
     async def load(self) -> dict[str, object]:
         return dict(self.saved)
 
-    async def save(self, states: dict[str, object], durable: set[str], removed: set[str]):  # type: ignore[no-untyped-def]
+    async def save(self, states: dict[str, object], durable: set[str], removed: set[str]):
         self.saved = dict(states)
         return len(durable), 0
 

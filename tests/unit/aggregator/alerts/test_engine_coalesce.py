@@ -34,7 +34,7 @@ def _engine(
 
 
 async def test_changes_within_the_minimum_interval_wait_and_stop_ends_the_wait() -> None:
-    feed, calls = ChangeFeed(), []
+    feed, calls = ChangeFeed(), list[float]()
     engine = _engine(
         feed, EngineSettings(tick_s=3600, min_cycle_s=3600), calls, CollectorRegistry()
     )
@@ -50,7 +50,7 @@ async def test_changes_within_the_minimum_interval_wait_and_stop_ends_the_wait()
 
 
 async def test_an_isolated_change_is_evaluated_and_a_burst_in_one_cycle() -> None:
-    feed, calls, registry = ChangeFeed(), [], CollectorRegistry()
+    feed, calls, registry = ChangeFeed(), list[float](), CollectorRegistry()
     engine = _engine(feed, EngineSettings(tick_s=3600, min_cycle_s=0.05), calls, registry)
     stop = asyncio.Event()
     running = asyncio.ensure_future(engine.run(stop))

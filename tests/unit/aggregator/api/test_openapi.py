@@ -16,7 +16,8 @@ from aggregator.alerts.engine import AlertEngine, EngineSettings
 from aggregator.alerts.metrics import AlertMetrics
 from aggregator.api.alerts import add_alert_routes
 from aggregator.api.app import ApiSettings, build_app
-from aggregator.api.openapi import OPERATIONS, UndocumentedRoute, openapi_document
+from aggregator.api.openapi import UndocumentedRoute, openapi_document
+from aggregator.api.openapiops import OPERATIONS
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet.changefeed import ChangeFeed
 from aggregator.fleet.state import Fleet

@@ -11,8 +11,8 @@ from click.testing import CliRunner, Result
 from aggregator.ctl.config import (
     DEFAULT_SERVER,
     Config,
-    ConfigError,
     Context,
+    CtlConfigError,
     config_path,
     load_config,
     parse_config,
@@ -87,7 +87,7 @@ def test_parse_good_file_resolves_relative_token_path() -> None:
     ],
 )
 def test_parse_errors_name_file_line_and_field(text: str, expected: str) -> None:
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(CtlConfigError) as caught:
         parse_config(text, P)
     assert caught.value.exit_code == 2
     assert caught.value.format_message().startswith(str(P))
@@ -118,9 +118,9 @@ def test_precedence_flag_env_context_default() -> None:
     assert (default.server, default.server_source, default.token_file) == (
         DEFAULT_SERVER, "default", None,
     )  # fmt: skip
-    with pytest.raises(ConfigError, match="no context named 'x'"):
+    with pytest.raises(CtlConfigError, match="no context named 'x'"):
         resolve(config=config, context="x", **kwargs)
-    with pytest.raises(ConfigError, match="there is no context file"):
+    with pytest.raises(CtlConfigError, match="there is no context file"):
         resolve(config=None, context="x", **kwargs)
 
 
@@ -138,7 +138,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     assert load_config(path) == config
     assert path.stat().st_mode & 0o777 == 0o600
     path.write_bytes(b"\xff\xfe")
-    with pytest.raises(ConfigError, match="cannot read the context file"):
+    with pytest.raises(CtlConfigError, match="cannot read the context file"):
         load_config(path)
 
 

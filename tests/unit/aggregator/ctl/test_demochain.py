@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from aggregator.ctl.demo import DEMO_NODES, FAULT_NODE
 from aggregator.ctl.demochain import (
     TRACED,
     kubelet_view,
@@ -18,6 +17,7 @@ from aggregator.ctl.demochain import (
     resources_view,
     trace_view,
 )
+from aggregator.ctl.demofleet import DEMO_NODES, FAULT_NODE
 from proto.dpconfig import parse_device_plugin_config, resource_full_name
 
 

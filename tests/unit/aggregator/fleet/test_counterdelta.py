@@ -137,12 +137,12 @@ def test_an_idle_node_sends_an_empty_delta_that_still_decodes() -> None:
     assert len(encode(delta)) < len(encode(batch(IDLE)))
 
 
-def kinds(encoder: DeltaEncoder, rounds: int, fail: set[int], resync_at: set[int]) -> str:
-    """'F' or 'd' per round, publishing fails in rounds `fail`, resync before `resync_at`."""
+def kinds(encoder: DeltaEncoder, rounds: int, fail: set[int], rebase_at: set[int]) -> str:
+    """'F' or 'd' per round, publishing fails in rounds `fail`, rebase before `rebase_at`."""
     out = ""
     for n in range(1, rounds + 1):
-        if n in resync_at:
-            encoder.resync()
+        if n in rebase_at:
+            encoder.rebase()
         message = encoder.encode(batch(IDLE, seq=n, at=T0 + n))
         encoder.sent(message, n not in fail)
         out += "F" if message.base_seq is None else "d"
@@ -152,19 +152,19 @@ def kinds(encoder: DeltaEncoder, rounds: int, fail: set[int], resync_at: set[int
 
 
 @pytest.mark.parametrize(
-    ("full_every", "fail", "resync_at", "expected"),
+    ("full_every", "fail", "rebase_at", "expected"),
     [
         pytest.param(4, set(), set(), "FdddFdddFd", id="periodic"),
         pytest.param(1, set(), set(), "FFFFFFFFFF", id="deltas-off"),
         pytest.param(4, {1, 2}, set(), "FFFdddFddd", id="unsent-full-is-no-base"),
         pytest.param(4, {2, 3}, set(), "FdddFdddFd", id="unsent-delta-changes-nothing"),
-        pytest.param(4, set(), {3, 8}, "FdFdddFFdd", id="resync-on-reconnect"),
+        pytest.param(4, set(), {3, 8}, "FdFdddFFdd", id="rebase-on-reconnect"),
     ],
 )
 def test_encoder_schedule(
-    full_every: int, fail: set[int], resync_at: set[int], expected: str
+    full_every: int, fail: set[int], rebase_at: set[int], expected: str
 ) -> None:
-    assert kinds(DeltaEncoder(full_every=full_every), 10, fail, resync_at) == expected
+    assert kinds(DeltaEncoder(full_every=full_every), 10, fail, rebase_at) == expected
 
 
 def test_deltas_name_the_last_full_batch_sent() -> None:
@@ -177,10 +177,10 @@ def test_deltas_name_the_last_full_batch_sent() -> None:
     assert names == [None, 1, 1, None, 4, 4, None]
 
 
-def test_resync_during_a_full_publish_still_forces_the_next_full() -> None:
+def test_rebase_during_a_full_publish_still_forces_the_next_full() -> None:
     encoder = DeltaEncoder(full_every=30)
     message = encoder.encode(batch(IDLE))
-    encoder.resync()  # the reconnect callback ran while the full batch was being sent
+    encoder.rebase()  # the reconnect callback ran while the full batch was being sent
     encoder.sent(message, True)
     assert encoder.encode(batch(IDLE, seq=2, at=T0 + 1)).base_seq is None
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from aggregator.fleet.state import (
-    MAX_EVENTS,
-    Fleet,
-    NodeRecord,
-    describe,
-    is_newer,
-    node_state,
-    summarize,
-)
+from aggregator.fleet.state import MAX_EVENTS, Fleet, NodeRecord, is_newer
+from aggregator.fleet.views import describe, node_state, summarize
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
 from proto.messages.events import LinkEvent
@@ -70,10 +63,10 @@ def test_accepted_snapshot_is_stored_as_its_inventory_and_rejected_one_is_not() 
     # `snap` but for per-port counters); a rejected snapshot leaves that object in place.
     fleet = Fleet()
     first = snapshot(seq=2, collected_at=T0)
-    stored = fleet.apply_snapshot(first, T0).snapshot
+    stored = fleet.apply_snapshot(first, T0).record.snapshot
     assert stored == inventory_only(first)
     stale = snapshot(seq=1, collected_at=T0 - 1)
-    record = fleet.apply_snapshot(stale, T0 + 5)
+    record = fleet.apply_snapshot(stale, T0 + 5).record
     assert record.snapshot is stored
     assert record.last_seen == T0  # an ignored message is no sign of life
     assert record.snapshot_received_at == T0
@@ -81,7 +74,7 @@ def test_accepted_snapshot_is_stored_as_its_inventory_and_rejected_one_is_not() 
 
 def test_counters_follow_the_same_rule_and_keep_the_snapshot() -> None:
     fleet = Fleet()
-    snap = fleet.apply_snapshot(snapshot(), T0).snapshot
+    snap = fleet.apply_snapshot(snapshot(), T0).record.snapshot
     fleet.apply_counters(counters(seq=10, collected_at=T0 + 10, rx=100), T0 + 10)
     fleet.apply_counters(counters(seq=9, collected_at=T0 + 9, rx=90), T0 + 11)
     fleet.apply_counters(counters(seq=1, collected_at=T0 + 20, rx=5), T0 + 20)  # restart
@@ -116,7 +109,7 @@ def test_port_event_updates_live_port_state(
 ) -> None:
     fleet = Fleet()
     fleet.apply_snapshot(snapshot(collected_at=T0), T0)
-    record = fleet.apply_event(port_event(observed_at=event_observed), T0 + 2)
+    record = fleet.apply_event(port_event(observed_at=event_observed), T0 + 2).record
     assert port_of(record.snapshot) == expected
     assert len(record.events) == 1  # recorded either way
 
@@ -127,7 +120,7 @@ def test_port_event_out_of_order_does_not_undo_newer_state() -> None:
     fleet.apply_event(
         port_event(new="ACTIVE", old="DOWN", phys="LinkUp", observed_at=T0 + 5, seq=2), T0 + 5
     )
-    record = fleet.apply_event(port_event(new="DOWN", observed_at=T0 + 3, seq=1), T0 + 6)
+    record = fleet.apply_event(port_event(new="DOWN", observed_at=T0 + 3, seq=1), T0 + 6).record
     assert port_of(record.snapshot) == ("ACTIVE", "LinkUp")
 
 
@@ -135,7 +128,7 @@ def test_port_event_touches_only_its_port_and_updates_state_code() -> None:
     two = device("mlx5_1", ports=(port(1), port(2)))
     fleet = Fleet()
     fleet.apply_snapshot(snapshot(devices=(device(), two)), T0)
-    record = fleet.apply_event(port_event(device="mlx5_1", port=2, phys=None), T0 + 1)
+    record = fleet.apply_event(port_event(device="mlx5_1", port=2, phys=None), T0 + 1).record
     assert port_of(record.snapshot, "mlx5_1", 2) == ("DOWN", "LinkUp")  # phys unknown: kept
     assert port_of(record.snapshot, "mlx5_1", 1) == ("ACTIVE", "LinkUp")
     assert port_of(record.snapshot, "mlx5_0", 1) == ("ACTIVE", "LinkUp")
@@ -148,8 +141,8 @@ def test_port_event_touches_only_its_port_and_updates_state_code() -> None:
 
 def test_event_for_unknown_port_keeps_snapshot_object() -> None:
     fleet = Fleet()
-    snap = fleet.apply_snapshot(snapshot(), T0).snapshot
-    record = fleet.apply_event(port_event(device="mlx5_9"), T0 + 1)
+    snap = fleet.apply_snapshot(snapshot(), T0).record.snapshot
+    record = fleet.apply_event(port_event(device="mlx5_9"), T0 + 1).record
     assert record.snapshot is snap
 
 
@@ -157,7 +150,7 @@ def test_redelivered_event_is_ignored() -> None:
     fleet = Fleet()
     event = port_event()
     fleet.apply_event(event, T0 + 1)
-    record = fleet.apply_event(event, T0 + 2)
+    record = fleet.apply_event(event, T0 + 2).record
     assert len(record.events) == 1
     assert fleet.ignored == 1
 
@@ -183,14 +176,14 @@ def test_events_are_bounded_newest_last() -> None:
 )
 def test_stale_after(now: float, expected: str) -> None:
     fleet = Fleet()
-    record = fleet.apply_snapshot(snapshot(), T0)
+    record = fleet.apply_snapshot(snapshot(), T0).record
     assert node_state(record, now, stale_after=30) == expected
 
 
 def test_any_message_keeps_a_node_fresh() -> None:
     fleet = Fleet()
     fleet.apply_snapshot(snapshot(), T0)
-    record = fleet.apply_counters(counters(seq=2, collected_at=T0 + 50), T0 + 50)
+    record = fleet.apply_counters(counters(seq=2, collected_at=T0 + 50), T0 + 50).record
     assert node_state(record, T0 + 60, stale_after=30) == "ready"
 
 
@@ -201,7 +194,7 @@ def test_summary_fields() -> None:
     )
     nofw = device("mlx5_2", ports=(), fw=None)
     fleet = Fleet()
-    record = fleet.apply_snapshot(snapshot(devices=(ib, eth, nofw), gpus=4), T0)
+    record = fleet.apply_snapshot(snapshot(devices=(ib, eth, nofw), gpus=4), T0).record
     s = summarize(record, T0 + 12, 30)
     assert (s.name, s.state, s.devices, s.gpus) == ("gpu-001", "ready", 3, 4)
     assert (s.ports_total, s.ports_active, s.ports_down) == (2, 1, ("mlx5_1/1",))
@@ -222,7 +215,7 @@ def test_summary_without_snapshot() -> None:
 def test_describe_reports_event_latency() -> None:
     fleet = Fleet()
     fleet.apply_snapshot(snapshot(), T0)
-    record = fleet.apply_event(port_event(observed_at=T0 + 1), T0 + 1.25)
+    record = fleet.apply_event(port_event(observed_at=T0 + 1), T0 + 1.25).record
     detail = describe(record, T0 + 2, 30)
     (event,) = detail.events
     assert (event.observed_at, event.received_at) == (T0 + 1, T0 + 1.25)
@@ -233,7 +226,7 @@ def test_describe_reports_event_latency() -> None:
 def test_load_replaces_and_updates_are_per_node() -> None:
     fleet = Fleet()
     fleet.apply_snapshot(snapshot("gpu-002"), T0)
-    other = fleet.apply_snapshot(snapshot("gpu-001"), T0)
+    other = fleet.apply_snapshot(snapshot("gpu-001"), T0).record
     loaded = NodeRecord(name="gpu-002", first_seen=T0 - 100, last_seen=T0 - 100)
     fleet.load(loaded)
     assert fleet.get("gpu-002") is loaded
@@ -253,13 +246,13 @@ def test_device_plugin_status_is_kept_newest_first() -> None:
         resources=(ResourceStatus(name="rdma/ib", advertised=8, healthy=8),),
         observed_at=T0,
     )
-    record = fleet.apply_status(first, T0)
+    record = fleet.apply_status(first, T0).record
     assert record.device_plugin is first
     older = msgspec.structs.replace(first, observed_at=T0 - 1, config_generation=0)
-    assert fleet.apply_status(older, T0 + 1).device_plugin is first
+    assert fleet.apply_status(older, T0 + 1).record.device_plugin is first
     assert fleet.ignored == 1
     newer = msgspec.structs.replace(first, observed_at=T0 + 2, registered=False)
-    assert fleet.apply_status(newer, T0 + 2).device_plugin is newer
+    assert fleet.apply_status(newer, T0 + 2).record.device_plugin is newer
     detail = describe(fleet.get("gpu-001") or record, T0 + 3, 30.0)
     assert detail.device_plugin is newer
 
@@ -274,12 +267,12 @@ def test_a_later_event_wins_over_an_older_snapshot_that_arrives_after_it() -> No
         port_event(new="ACTIVE", old="DOWN", phys="LinkUp", observed_at=T0 + 3, seq=2), T0 + 3
     )
     stale = snapshot(seq=2, collected_at=T0 + 2, devices=(device(ports=(port(1, "DOWN"),)),))
-    record = fleet.apply_snapshot(stale, T0 + 4)
+    record = fleet.apply_snapshot(stale, T0 + 4).record
     assert record.snapshot is not None and record.snapshot.seq == 2
     assert port_of(record.snapshot, "mlx5_0", 1) == ("ACTIVE", "LinkUp")
     # An event older than the snapshot is not replayed onto it.
     fresh = snapshot(seq=3, collected_at=T0 + 5, devices=(device(ports=(port(1, "DOWN"),)),))
-    record = fleet.apply_snapshot(fresh, T0 + 6)
+    record = fleet.apply_snapshot(fresh, T0 + 6).record
     assert record.snapshot is not None
     assert port_of(record.snapshot, "mlx5_0", 1)[0] == "DOWN"
 
@@ -299,10 +292,12 @@ def test_netdev_state_events_update_the_live_interface() -> None:
         new_state="down",
         observed_at=T0 + 1,
     )
-    record = fleet.apply_event(down, T0 + 1)
+    record = fleet.apply_event(down, T0 + 1).record
     assert record.snapshot is not None
     assert record.snapshot.devices[0].interfaces[0].operstate == "down"
     # A snapshot collected before the event does not bring the old state back.
-    record = fleet.apply_snapshot(snapshot(seq=2, collected_at=T0 + 0.5, devices=(roce,)), T0 + 2)
+    record = fleet.apply_snapshot(
+        snapshot(seq=2, collected_at=T0 + 0.5, devices=(roce,)), T0 + 2
+    ).record
     assert record.snapshot is not None
     assert record.snapshot.devices[0].interfaces[0].operstate == "down"

@@ -4,6 +4,7 @@ kept for data-quality), interned strings, and the delta key sets of NodeRecord."
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import pytest
@@ -14,7 +15,8 @@ from agent.counters.deltas import delta_against
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.rules.dataquality import check_data_quality
-from aggregator.rules.thresholds import Thresholds
+from aggregator.rules.descriptor import RuleInput
+from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
 from proto.codec import decode, encode
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot, ReadError
@@ -61,7 +63,7 @@ def test_stored_snapshot_drops_port_counters_and_keeps_the_inventory() -> None:
         counters={"port_rcv_data": 5},
         hw_counters={"out_of_sequence": 1},
     )
-    stored = Fleet().apply_snapshot(snap, T0).snapshot
+    stored = Fleet().apply_snapshot(snap, T0).record.snapshot
     assert stored is not None and stored.devices
     for d in stored.devices:
         for p in d.ports:
@@ -89,11 +91,11 @@ def test_negative_snapshot_counters_are_kept_for_data_quality() -> None:
         snapshot(), counters={"port_rcv_data": 5, "symbol_error": -3}, hw_counters={"x": -1}
     )
     fleet = Fleet()
-    stored = fleet.apply_snapshot(bad, T0).snapshot
+    stored = fleet.apply_snapshot(bad, T0).record.snapshot
     assert stored is not None
     kept = stored.devices[0].ports[0]
     assert (kept.counters, kept.hw_counters) == ({"symbol_error": -3}, {"x": -1})
-    found = check_data_quality(fleet.view(), (), ClusterView(), T0, Thresholds())
+    found = check_data_quality(RuleInput(fleet.view(), (), ClusterView(), T0, DEFAULT_THRESHOLDS))
     text = " ".join(f.message for f in found)
     assert "counters/symbol_error is negative (-3)" in text
     assert "hw_counters/x is negative (-1)" in text
@@ -101,9 +103,9 @@ def test_negative_snapshot_counters_are_kept_for_data_quality() -> None:
 
 def test_restart_from_kv_stores_the_same_compact_snapshot() -> None:
     snap = with_counters(snapshot(), counters={"port_rcv_data": 5})
-    first = Fleet().apply_snapshot(snap, T0).snapshot
+    first = Fleet().apply_snapshot(snap, T0).record.snapshot
     assert first is not None
-    again = Fleet().apply_snapshot(decode(encode(first), NodeSnapshot), T0).snapshot
+    again = Fleet().apply_snapshot(decode(encode(first), NodeSnapshot), T0).record.snapshot
     assert again == first
 
 
@@ -141,7 +143,7 @@ def test_a_delta_equal_to_its_base_changes_nothing() -> None:
         pytest.param({"resets": ("counters/port_rcv_data",)}, id="resets"),
     ],
 )
-def test_saturated_or_reset_counters_make_the_delta_unknown(change: dict[str, object]) -> None:
+def test_saturated_or_reset_counters_make_the_delta_unknown(change: dict[str, Any]) -> None:
     f2 = full(2, pc("mlx5_0", rx=20, **change), pc("mlx5_1", rx=5))
     assert keys_of(F1, delta(F1, f2)) == (None, None)
 
@@ -172,7 +174,7 @@ def test_equal_key_sets_are_shared_between_nodes() -> None:
         base = rep(F1, node=node)
         f2 = rep(full(2, pc("mlx5_0", rx=20), pc("mlx5_1", rx=9)), node=node)
         fleet.apply_counters(base, T0)
-        record = fleet.apply_counters(delta(base, f2), T0 + 1)
+        record = fleet.apply_counters(delta(base, f2), T0 + 1).record
         sets.append(record.counters_delta)
     assert sets[0] is not None and sets[0] is sets[1]
     assert sets[0] == frozenset({"counters/port_rcv_data", "rx_bytes"})
@@ -182,7 +184,7 @@ def test_an_unmatched_delta_keeps_the_stored_key_fields() -> None:
     fleet = Fleet()
     fleet.apply_counters(F1, T0)
     stray = rep(delta(F1, full(2, pc("mlx5_0", rx=20), F1.ports[1])), base_seq=7)
-    record = fleet.apply_counters(stray, T0 + 1)
+    record = fleet.apply_counters(stray, T0 + 1).record
     assert (record.counters_base_seq, record.counters_delta) == (1, frozenset())
 
 
@@ -219,7 +221,7 @@ def test_keys_outside_the_delta_hold_the_base_values(
     first = full(1, base)
     fleet.apply_counters(first, T0)
     for n, current in enumerate(now, start=2):
-        record = fleet.apply_counters(delta(first, full(n, current)), T0 + n)
+        record = fleet.apply_counters(delta(first, full(n, current)), T0 + n).record
         assert record.counters is not None
         merged = record.counters.ports[0]
         assert _values(merged).keys() == _values(current).keys()

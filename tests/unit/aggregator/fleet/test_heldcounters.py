@@ -24,6 +24,7 @@ from aggregator.fleet.heldcounters import (
 from aggregator.fleet.state import Fleet
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.dataquality import check_data_quality
+from aggregator.rules.descriptor import RuleInput
 from aggregator.rules.engine.incremental import IncrementalRules
 from aggregator.rules.engine.registry import COUNTER_KEYS
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS
@@ -63,7 +64,7 @@ def test_a_delta_is_held_as_its_bytes_and_merged_on_first_read() -> None:
     fleet = Fleet()
     fleet.apply_counters(F1, T0, encode(F1))
     d2 = delta(F1, F2)
-    record = fleet.apply_counters(d2, T0 + 1, encode(d2))
+    record = fleet.apply_counters(d2, T0 + 1, encode(d2)).record
     held = record.counters_held
     assert held is not None and not held.is_full
     assert isinstance(held.delta, bytes) and isinstance(held.base.wire, bytes)
@@ -89,7 +90,7 @@ def test_a_delta_listing_a_port_its_base_lacks_is_ignored_and_counted() -> None:
     fleet = Fleet()
     fleet.apply_counters(F1, T0)
     stray = msgspec.structs.replace(delta(F1, F2), ports=(port("mlx5_9", 1),))
-    record = fleet.apply_counters(stray, T0 + 1)
+    record = fleet.apply_counters(stray, T0 + 1).record
     assert record.counters == F1 and fleet.unmatched_deltas == 1
     assert record.last_seen == T0 + 1  # alive all the same
 
@@ -103,7 +104,7 @@ def test_a_packed_delta_is_held_like_its_map_form() -> None:
         fleet.apply_counters(F1, T0, encode(F1))
         message = decode_counters(wire)
         assert isinstance(message, PackedCounterBatch) == (wire[0] >= 0x90)
-        records.append(fleet.apply_counters(message, T0 + 1, wire))
+        records.append(fleet.apply_counters(message, T0 + 1, wire).record)
     packed, mapped = records
     assert (
         packed.counters_delta
@@ -119,7 +120,7 @@ def test_a_packed_delta_without_its_bytes_is_held_packed_and_unpacked_on_read() 
     fleet = Fleet()
     fleet.apply_counters(F1, T0)
     message = decode_counters(encode(delta(F1, F2)))
-    record = fleet.apply_counters(message, T0 + 1)
+    record = fleet.apply_counters(message, T0 + 1).record
     assert record.counters_held is not None and record.counters_held.delta is message
     assert record.counters == F2
 
@@ -173,18 +174,18 @@ def test_clean_batches_have_no_data_quality_finding(
         fleet.apply_counters(b1, T0)
     d2 = delta(b1, b2)
     if wire:  # as the ingest applies it: checked, still packed, with its bytes
-        record = fleet.apply_counters(decode_counters(encode(d2)), T0 + 1, encode(d2))
+        record = fleet.apply_counters(decode_counters(encode(d2)), T0 + 1, encode(d2)).record
     else:
-        record = fleet.apply_counters(d2, T0 + 1)
+        record = fleet.apply_counters(d2, T0 + 1).record
     held = record.counters_held
     assert held is not None and record.counters is not None
     assert encode(record.counters) == encode(b2)  # bytes: NaN != NaN
     unjudged = {NODE: msgspec.structs.replace(record, counters_held=HeldCounters.of(b2))}
-    found = check_data_quality(unjudged, (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    found = check_data_quality(RuleInput(unjudged, (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS))
     counters_found = [f for f in found if f.subject != "snapshot"]
     if held.clean:
         assert counters_found == []
-    judged = check_data_quality(fleet.view(), (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    judged = check_data_quality(RuleInput(fleet.view(), (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS))
     assert [f for f in judged if f.subject != "snapshot"] == counters_found
 
 
@@ -202,22 +203,24 @@ def test_quiet_is_known_from_the_base_and_the_delta_keys_alone() -> None:
     errors = COUNTER_KEYS["counter-errors"]
     fleet = Fleet()
     f1 = _rated(1, **{"counters/symbol_error": 0.0})
-    record = fleet.apply_counters(f1, T0, encode(f1))
+    record = fleet.apply_counters(f1, T0, encode(f1)).record
     assert quiet(record, errors)  # zero, NaN or absent rates only
     busy = _rated(2, **{"counters/symbol_error": 0.0})
     busy = msgspec.structs.replace(
         busy, ports=tuple(msgspec.structs.replace(p, rx_bytes=999) for p in busy.ports)
     )
-    record = fleet.apply_counters(decode_counters(encode(d := delta(f1, busy))), T0 + 1, encode(d))
+    record = fleet.apply_counters(
+        decode_counters(encode(d := delta(f1, busy))), T0 + 1, encode(d)
+    ).record
     assert quiet(record, errors) and not record.counters_held.merged  # type: ignore[union-attr]
     erring = _rated(3, **{"counters/symbol_error": 2.0})
-    record = fleet.apply_counters(delta(f1, erring), T0 + 2)
+    record = fleet.apply_counters(delta(f1, erring), T0 + 2).record
     assert not quiet(record, errors)  # the delta moved a key the rule reads
     assert quiet(record, frozenset({"hw_counters/rp_cnp_ignored"}))
     f4 = _rated(4, **{"counters/symbol_error": math.inf})
-    assert not quiet(fleet.apply_counters(f4, T0 + 3), errors)  # inf > 0: read it
+    assert not quiet(fleet.apply_counters(f4, T0 + 3).record, errors)  # inf > 0: read it
     f5 = _rated(5, **{"counters/symbol_error": math.nan})
-    assert quiet(fleet.apply_counters(f5, T0 + 4), errors)  # NaN: no rule fires on it
+    assert quiet(fleet.apply_counters(f5, T0 + 4).record, errors)  # NaN: no rule fires on it
     by_hand = msgspec.structs.replace(record, counters_held=HeldCounters.of(f1))
     assert not quiet(by_hand, errors)  # no ingest facts: not known
 
@@ -262,7 +265,7 @@ def test_a_packed_base_has_the_facts_of_its_decoded_form(
     for fact in ("clean", "moving", "ports", "flagged", "errors", "seq"):
         assert getattr(from_arrays, fact) == getattr(decoded, fact), fact
     fleet = Fleet()
-    record = fleet.apply_counters(packed, T0, encode(batch))
+    record = fleet.apply_counters(packed, T0, encode(batch)).record
     assert record.counters_held is not None and not record.counters_held.merged
     read = record.counters  # unpacked when read
     assert read is not None and encode(read) == encode(batch)

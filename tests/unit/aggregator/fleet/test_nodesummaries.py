@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from aggregator.fleet.state import Fleet, summarize
+from aggregator.fleet.state import Fleet
 from aggregator.fleet.summaries import SummaryCache
+from aggregator.fleet.views import summarize
 from tests.support.builders import T0, counters, device, port_event, snapshot
 
 STALE = 30.0

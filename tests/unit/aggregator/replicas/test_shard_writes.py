@@ -9,27 +9,30 @@ from collections.abc import Sequence
 
 import msgspec
 import nats
+import nats.aio.msg
 import pytest
 import schemathesis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from prometheus_client import CollectorRegistry
 
-from agent.bus.resync import ResyncControl
-from agent.bus.resyncpacing import ResyncPolicy
+from agent.bus.republish import RepublishControl
+from agent.bus.republishpacing import RepublishPolicy
 from aggregator import __version__
 from aggregator.alerts.engine import EngineSettings
 from aggregator.alerts.lifecycle import FLEET_NODE, Tracked, fingerprint
 from aggregator.alerts.wiring import AlertWiring
 from aggregator.api.app import ApiSettings, build_app
-from aggregator.api.openapi import OPERATIONS, SHARD_PATH, openapi_document
+from aggregator.api.openapi import openapi_document
+from aggregator.api.openapiops import OPERATIONS, SHARD_PATH
 from aggregator.api.shards import SERVED_BY, add_shard_routes, node_of
 from aggregator.bus.natsserver import NatsServer
-from aggregator.bus.resync import ResyncRequester, ResyncSettings
+from aggregator.bus.resyncrequest import ResyncRequester, ResyncRequestSettings
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet.changefeed import ChangeFeed
-from aggregator.fleet.state import Fleet, node_state
+from aggregator.fleet.state import Fleet
 from aggregator.fleet.store import StoredNode, open_bucket
+from aggregator.fleet.views import node_state
 from aggregator.replicas.alerts import (
     AlertScope,
     ScopedAlertStore,
@@ -40,7 +43,8 @@ from aggregator.replicas.owner import ShardOwner
 from aggregator.replicas.partitions import ShardSettings
 from aggregator.replicas.wholefleet import WholeFleet
 from aggregator.rules.finding import Finding
-from aggregator.service import AggregatorService, AggregatorSettings
+from aggregator.runtime.parts import this_host_address
+from aggregator.runtime.strategy import advertised_api_url
 from proto import subjects
 from proto.codec import decode, encode
 from proto.messages.alerts import Alert
@@ -147,7 +151,7 @@ async def test_taken_over_alerts_stay_firing_until_the_node_is_heard_from() -> N
 def test_agent_answers_only_a_scoped_request_for_its_partition() -> None:
     node = "gpu-007"
     mine, other = part(node), (part(node) + 1) % P
-    control = ResyncControl(ResyncPolicy(jitter_s=0.0), node=node, monotonic=Now(),
+    control = RepublishControl(RepublishPolicy(jitter_s=0.0), node=node, monotonic=Now(),
                             draw=lambda: 0.0)  # fmt: skip
 
     def scoped(*parts: int) -> bytes:
@@ -162,7 +166,7 @@ def test_agent_answers_only_a_scoped_request_for_its_partition() -> None:
 
 def test_old_agents_and_broadcasts_still_resync() -> None:
     # An agent without a node (or predating the fields) answers a scoped request too.
-    control = ResyncControl(ResyncPolicy(jitter_s=0.0), monotonic=Now(), draw=lambda: 0.0)
+    control = RepublishControl(RepublishPolicy(jitter_s=0.0), monotonic=Now(), draw=lambda: 0.0)
     control.handle(encode(ResyncRequest(reason="shard-takeover", requested_at=1.0,
                                         partition_count=P, partitions=(0,))))  # fmt: skip
     assert control.pending
@@ -171,7 +175,7 @@ def test_old_agents_and_broadcasts_still_resync() -> None:
         {"schema": "nicfleet.v1.ResyncRequest", "version": 1, "reason": "start",
          "spread_s": 0.0, "requested_at": 1.0}
     )  # fmt: skip
-    agent = ResyncControl(ResyncPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
+    agent = RepublishControl(RepublishPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
                           draw=lambda: 0.0)  # fmt: skip
     agent.handle(old)
     assert agent.pending
@@ -188,7 +192,7 @@ def test_old_agents_and_broadcasts_still_resync() -> None:
 def test_bad_scoped_requests_are_rejected_and_the_agent_keeps_serving(
     payload: dict[str, object],
 ) -> None:
-    control = ResyncControl(ResyncPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
+    control = RepublishControl(RepublishPolicy(jitter_s=0.0), node="gpu-001", monotonic=Now(),
                             draw=lambda: 0.0)  # fmt: skip
     bad = {"schema": "nicfleet.v1.ResyncRequest", "requested_at": 1.0, **payload}
     control.handle(msgspec.msgpack.encode(bad))
@@ -206,7 +210,7 @@ async def test_takeover_requests_are_merged_and_a_broadcast_wins(nats_server: Na
 
     await nc.subscribe(subjects.CONTROL_RESYNC, cb=on)
     await flush_in_order(nc)
-    requester = ResyncRequester(nc, ResyncSettings(min_gap_s=0.05), nodes=lambda: 10,
+    requester = ResyncRequester(nc, ResyncRequestSettings(min_gap_s=0.05), nodes=lambda: 10,
                                 clock=lambda: 1.0)  # fmt: skip
     stop = asyncio.Event()
     try:
@@ -557,13 +561,8 @@ async def test_a_node_request_is_forwarded_once_to_its_holder() -> None:
 def test_the_heartbeat_advertises_a_reachable_api_url(
     listen: str, advertise: str | None, bound: str, expected: str | None
 ) -> None:
-    service = AggregatorService(
-        AggregatorSettings(
-            listen_host=listen, shards=ShardSettings(partitions=P, advertise_url=advertise)
-        )
-    )
-    service.api_url = bound
-    url = service._advertised_api_url()
+    shards = ShardSettings(partitions=P, advertise_url=advertise)
+    url = advertised_api_url(shards, listen, bound, this_host_address)
     assert url is not None
     if expected is not None:
         assert url == expected

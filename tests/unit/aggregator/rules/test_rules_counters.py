@@ -12,7 +12,7 @@ P0 = ("n1", "mlx5_0/1")
 
 
 def _with(rates: dict[str, float], **kw: object) -> Scenario:
-    return fleet_of(node("n1"), counters=(batch("n1", port_counters(rates=rates)),), **kw)  # type: ignore[arg-type]
+    return fleet_of(node("n1"), counters=(batch("n1", port_counters(rates=rates)),), **kw)
 
 
 QUIET = _with({"counters/symbol_error": 0.0, "hw_counters/rp_cnp_ignored": 0.0})

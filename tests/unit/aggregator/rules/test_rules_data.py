@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from aggregator.rules.catalog import RULE_IDS, RULES
-from aggregator.rules.engine.registry import ALL_RULES, evaluate
+from aggregator.rules.catalog import ALL_RULES, RULE_IDS, RULES
+from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.thresholds import (
     DEFAULT_THRESHOLDS,
     ThresholdError,
@@ -91,7 +91,7 @@ def test_a_rule_that_raises_becomes_a_finding_and_the_others_still_run() -> None
 
 
 def test_all_rules_match_the_catalogue_and_sort_is_deterministic() -> None:
-    assert tuple(rule for rule, _ in ALL_RULES) == RULE_IDS
+    assert tuple(rule.id for rule in ALL_RULES) == RULE_IDS
     assert set(RULES) == set(RULE_IDS)
     scenario = fleet_of(node("b", adapter(state="DOWN")), node("a", adapter(state="DOWN")))
     findings = scenario.findings()

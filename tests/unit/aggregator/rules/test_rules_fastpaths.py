@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from aggregator.cluster import NO_CLUSTER
 from aggregator.fleet.state import Fleet
 from aggregator.rules.dataquality import check_data_quality
+from aggregator.rules.descriptor import RuleInput
 from aggregator.rules.engine.registry import evaluate
 from aggregator.rules.fleetpolicy import _gid_subnet, _parsed_gid_subnet
 from aggregator.rules.nodememo import NodeMemo
@@ -61,17 +62,17 @@ def test_data_quality_is_the_same_when_only_counters_change() -> None:
     fleet = Fleet()
     bad = msgspec.structs.replace(adapter(), fw_ver="bogus")
     fleet.apply_snapshot(node("n1", bad, roce("mlx5_1", "0000:1a:00.0", "10.0.0.5", mtu=0)), T0)
-    args = (NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
-    before = check_data_quality(fleet.view(), (), *args)
+    args = ((), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    before = check_data_quality(RuleInput(fleet.view(), *args))
     assert {f.subject for f in before} == {"mlx5_0", "mlx5_1"}
     for seq, rate in ((2, float("nan")), (3, 1.0)):
         b = batch("n1", port_counters(rates={"counters/symbol_error": rate}))
         fleet.apply_counters(msgspec.structs.replace(b, seq=seq), T0)
-        again = check_data_quality(fleet.view(), (), *args)
+        again = check_data_quality(RuleInput(fleet.view(), *args))
         assert again == [f for f in evaluate(fleet.view(), now=T0) if f.rule == "data-quality"]
         assert {f.subject for f in again} == {"mlx5_0", "mlx5_1"} | (
             {"mlx5_0/1"} if seq == 2 else set()
         )
     fixed = node("n1", adapter(), roce("mlx5_1", "0000:1a:00.0", "10.0.0.5", mtu=0), seq=4)
     fleet.apply_snapshot(fixed, T0)  # a new snapshot object: its problems are read again
-    assert {f.subject for f in check_data_quality(fleet.view(), (), *args)} == {"mlx5_1"}
+    assert {f.subject for f in check_data_quality(RuleInput(fleet.view(), *args))} == {"mlx5_1"}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Hashable
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -30,7 +32,7 @@ from aggregator.rules.engine.registry import (
 )
 from aggregator.rules.peers import Peer, PeerRule
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from proto.inventory import Device, GpuNicRelation, Interface, NodeSnapshot, Platform
+from proto.inventory import Device, GpuNicRelation, Interface, NodeSnapshot, Platform, Relation
 from proto.policy import Policy
 from tests.support.builders import port_event, rdma_policy
 from tests.support.rules_cases import (
@@ -92,7 +94,7 @@ def devices(draw: st.DrawFn) -> tuple[Device, ...]:
     for i in range(draw(st.integers(1, 3))):
         pci = f"0000:{0x19 + i:02x}:00.0"
         mtu = draw(st.sampled_from((4092, 2048, 0)))
-        common = {
+        common: dict[str, Any] = {
             "fw": draw(st.sampled_from(FW)),
             "rate": draw(st.sampled_from((400.0, 200.0, None))),
             "state": draw(st.sampled_from(("ACTIVE", "ACTIVE", "DOWN", "UNKNOWN"))),
@@ -116,7 +118,9 @@ def snapshots(draw: st.DrawFn, name: str, seq: int, at: float) -> NodeSnapshot:
         name,
         *draw(devices()),
         gpus=(gpu("0000:18:00.0"),),
-        topo=(("0000:18:00.0", "mlx5_0", "PIX" if relation == "BOGUS" else relation),),
+        topo=(
+            ("0000:18:00.0", "mlx5_0", cast(Relation, "PIX" if relation == "BOGUS" else relation)),
+        ),
         platform=Platform(
             peermem=draw(st.booleans()),
             iommu=draw(st.sampled_from((None, True))),
@@ -243,7 +247,7 @@ def test_every_rule_is_classified_once() -> None:
 
 def _peer(snap: NodeSnapshot, policies: tuple[Policy, ...] = ()) -> Peer:
     fleet = Fleet([])
-    record = fleet.apply_snapshot(snap, received_at=T0)
+    record = fleet.apply_snapshot(snap, received_at=T0).record
     return Peer(name=snap.node, record=record, selecting=policies, policies=policies)
 
 
@@ -325,7 +329,10 @@ def test_selector_summary_counts_judged_nodes_and_any_match() -> None:
     rule = fleetpolicy.SELECTOR_MATCHES_NOTHING
     votes = Counter(rule.tally(_peer(node("a"), policies)))
     assert votes == Counter({((0, 0), True): 1, ((0, 1), False): 1})
-    facts = {(0, 0): rule.settle(Counter({True: 1, False: 2})), (0, 1): (3, False)}
+    facts: dict[Hashable, Hashable] = {
+        (0, 0): rule.settle(Counter({True: 1, False: 2})),
+        (0, 1): (3, False),
+    }
     assert facts[(0, 0)] == (3, True)
     assert [f.subject for f in rule.conclude(policies, facts)] == ["p/rdma/none"]
 
@@ -386,7 +393,7 @@ _due_ops = st.lists(
 def test_due_nodes_are_active_exactly_when_due(ops: list[tuple[str, float | None] | int]) -> None:
     """Against a model: after `advance(now)` the active nodes are those whose due time
     (less SLACK_S) is reached or NaN; it returns the active ones that no longer are."""
-    due, model = DueNodes(), {}
+    due, model = DueNodes(), dict[str, float]()
     active: set[str] = set()
     for op in ops:
         if isinstance(op, int):

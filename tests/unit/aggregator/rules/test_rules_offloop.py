@@ -5,6 +5,7 @@ up with, and an abandoned evaluation (cancelled) leaves the next one correct."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import pytest
@@ -46,7 +47,7 @@ def _counters(fleet: Fleet, i: int) -> None:
 
 
 async def _ingest_during(
-    rules: AllRules, fleet: Fleet, evaluation: asyncio.Future[object], first: int = 0
+    rules: AllRules, fleet: Fleet, evaluation: asyncio.Future[Any], first: int = 0
 ) -> int:
     """Apply messages while the worker runs; how many were applied before it finished
     (a short catch-up may be done before this task first runs)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate
 import msgspec
 import pytest
 import yaml
@@ -30,7 +30,7 @@ from aggregator.validations.record import (
     new_record,
 )
 from aggregator.validations.request import (
-    InvalidRequest,
+    InvalidValidationRequest,
     ResourceNotAdvertised,
     UnknownValidationNode,
     ValidationRequest,
@@ -111,7 +111,7 @@ def test_a_good_request() -> None:
     ],
 )
 def test_bad_requests_name_the_field(body: object, field: str) -> None:
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(InvalidValidationRequest) as caught:
         parse_request(body)
     assert caught.value.field == field
     assert field.split("[")[0] in caught.value.message or field == "body"
@@ -163,7 +163,7 @@ def test_cluster_allocatable_counts_as_advertised() -> None:
         attachments=(NetworkAttachment(namespace="ml", name="ib-net"),),
     )
     check_request(ValidationRequest(nodes=(A, B), resource=RES), fleet=fleet(A), cluster=cluster)
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(InvalidValidationRequest) as caught:
         check_request(
             ValidationRequest(nodes=(A, B), resource=RES, network="ml/other"),
             fleet=fleet(A),

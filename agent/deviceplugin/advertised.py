@@ -1,4 +1,4 @@
-"""DevicePluginManager: every advertised resource, kept in step with config and inventory.
+"""AdvertisedResources: every advertised resource, kept in step with config and inventory.
 
 The agent service calls `apply_config` (live: servers start, stop or re-send; never a
 restart), `update` with each snapshot and port-state poll (health reaches open ListAndWatch
@@ -63,8 +63,8 @@ class _Resource:
     previous: asyncio.Task[None] | None = None  # a removed namesake still shutting down
 
 
-class DevicePluginManager:
-    """Owns the resource servers of one node; see the module docstring for the API."""
+class AdvertisedResources:
+    """The resource servers of one node; see the module docstring for the API."""
 
     def __init__(
         self,

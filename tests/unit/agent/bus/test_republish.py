@@ -1,16 +1,17 @@
-"""Resync scheduling (pure, injected clock and draws), the agent's request handling and
-the aggregator's spread: jitter, dedup, rate limit, bad payloads."""
+"""Republish scheduling (pure, injected clock and draws), the agent's handling of resync
+requests and the aggregator's spread: jitter, dedup, rate limit, bad payloads."""
 
 from __future__ import annotations
 
 import asyncio
 
+import looptime
 import msgspec
 import pytest
 
-from agent.bus.resync import ResyncControl
-from agent.bus.resyncpacing import ResyncPolicy, ResyncSchedule
-from aggregator.bus.resync import resync_spread
+from agent.bus.republish import RepublishControl
+from agent.bus.republishpacing import RepublishPolicy, RepublishSchedule
+from aggregator.bus.resyncrequest import request_spread
 from proto.codec import encode
 from proto.messages.control import MAX_RESYNC_SPREAD_S, ResyncRequest
 from tests.support.waits import wait_until
@@ -21,10 +22,10 @@ def request(spread_s: float = 0.0) -> bytes:
 
 
 def test_first_request_is_due_within_the_jitter_window() -> None:
-    schedule = ResyncSchedule(ResyncPolicy(jitter_s=5.0, min_interval_s=30.0))
+    schedule = RepublishSchedule(RepublishPolicy(jitter_s=5.0, min_interval_s=30.0))
     assert schedule.request(100.0, draw=0.0) == 100.0
-    assert not ResyncSchedule(schedule.policy).take(100.0)  # nothing pending there
-    schedule = ResyncSchedule(schedule.policy)
+    assert not RepublishSchedule(schedule.policy).take(100.0)  # nothing pending there
+    schedule = RepublishSchedule(schedule.policy)
     assert schedule.request(100.0, draw=0.5) == 102.5
     assert not schedule.take(102.4)
     assert schedule.take(102.5)
@@ -32,8 +33,8 @@ def test_first_request_is_due_within_the_jitter_window() -> None:
     assert not schedule.take(200.0)  # answered once
 
 
-def test_many_requests_in_the_window_cause_one_resync() -> None:
-    schedule = ResyncSchedule(ResyncPolicy(jitter_s=5.0, min_interval_s=0.0))
+def test_many_requests_in_the_window_cause_one_republish() -> None:
+    schedule = RepublishSchedule(RepublishPolicy(jitter_s=5.0, min_interval_s=0.0))
     assert schedule.request(0.0, draw=0.8) == 4.0
     for i in range(1, 100):  # 99 more requests before the answer is due
         assert schedule.request(i * 0.04, draw=0.1) is None
@@ -42,7 +43,7 @@ def test_many_requests_in_the_window_cause_one_resync() -> None:
 
 
 def test_requests_after_an_answer_wait_for_the_rate_limit() -> None:
-    schedule = ResyncSchedule(ResyncPolicy(jitter_s=2.0, min_interval_s=30.0))
+    schedule = RepublishSchedule(RepublishPolicy(jitter_s=2.0, min_interval_s=30.0))
     schedule.request(0.0, draw=0.0)
     assert schedule.take(0.0)
     # A request right after the answer is deferred, not dropped: the aggregator may have
@@ -70,7 +71,7 @@ def test_requests_after_an_answer_wait_for_the_rate_limit() -> None:
     ],
 )
 def test_spread_from_the_request_widens_the_window(spread: float, window: float) -> None:
-    schedule = ResyncSchedule(ResyncPolicy(jitter_s=5.0))
+    schedule = RepublishSchedule(RepublishPolicy(jitter_s=5.0))
     assert schedule.request(10.0, draw=1.0, spread_s=spread) == 10.0 + window
 
 
@@ -83,8 +84,8 @@ def test_spread_from_the_request_widens_the_window(spread: float, window: float)
     ],
 )
 def test_bad_policies_are_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="resync"):
-        ResyncPolicy(**kwargs)
+    with pytest.raises(ValueError, match="republish"):
+        RepublishPolicy(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_bad_policies_are_refused(kwargs: dict[str, float]) -> None:
     ],
 )
 def test_aggregator_spreads_answers_by_fleet_size(nodes: int, rate: float, spread: float) -> None:
-    assert resync_spread(nodes, rate) == spread
+    assert request_spread(nodes, rate) == spread
 
 
 class Clock:
@@ -123,7 +124,7 @@ class Clock:
     ],
 )
 def test_bad_requests_are_counted_and_ignored(payload: bytes) -> None:
-    control = ResyncControl(ResyncPolicy(), monotonic=Clock(), draw=lambda: 0.0)
+    control = RepublishControl(RepublishPolicy(), monotonic=Clock(), draw=lambda: 0.0)
     control.handle(payload)
     control.handle(payload)
     assert (control.stats.rejected, control.stats.requests, control.pending) == (2, 0, False)
@@ -131,26 +132,33 @@ def test_bad_requests_are_counted_and_ignored(payload: bytes) -> None:
     assert control.pending
 
 
-async def test_control_answers_once_per_window() -> None:
-    clock = Clock()
-    control = ResyncControl(
-        ResyncPolicy(jitter_s=5.0, min_interval_s=30.0), monotonic=clock, draw=lambda: 0.5
+def test_control_answers_once_per_window() -> None:
+    """On the event loop's own clock, fake and fast-forwarded while the loop idles
+    (looptime): the control wakes itself at the jittered moment, no test-side clock push."""
+    loop = looptime.new_event_loop(start=0.0)
+    control = RepublishControl(
+        RepublishPolicy(jitter_s=5.0, min_interval_s=30.0), monotonic=loop.time, draw=lambda: 0.5
     )
     answered: list[float] = []
 
-    async def resync() -> None:
-        answered.append(clock.now)
+    async def republish() -> None:
+        answered.append(loop.time())
 
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(control.run(stop, resync))
-        for _ in range(50):
-            control.handle(request())
-        assert (control.stats.requests, control.stats.coalesced) == (50, 49)
-        clock.now += 2.5
-        control.handle(request())  # wakes the loop: now due
-        await wait_until(lambda: answered == [1002.5], what="one answer")
-        control.handle(request(spread_s=60.0))  # inside the rate limit: deferred
-        assert control.pending and answered == [1002.5]
-        stop.set()
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(control.run(stop, republish))
+            for _ in range(50):
+                control.handle(request())
+            assert (control.stats.requests, control.stats.coalesced) == (50, 49)
+            await wait_until(lambda: bool(answered), what="one answer")
+            assert answered == [pytest.approx(2.5)]  # jitter 5 s x draw 0.5, from t=0
+            control.handle(request(spread_s=60.0))  # inside the 30 s rate limit: deferred
+            assert control.pending and len(answered) == 1
+            stop.set()
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
     assert control.stats.answered == 1

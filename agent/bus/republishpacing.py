@@ -1,4 +1,4 @@
-"""When an agent answers the aggregator's resync requests: jitter, dedup and rate limit.
+"""When an agent republishes for the aggregator's resync requests: jitter, dedup, rate limit.
 
 Pure: the caller passes the monotonic `now` and a random `draw` in [0, 1); this module
 only decides. Several requests before the answer went out cause one answer; answers are
@@ -13,7 +13,7 @@ from proto.messages.control import MAX_RESYNC_SPREAD_S
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResyncPolicy:
+class RepublishPolicy:
     # The answer goes out at a random moment within this window, so a whole fleet asked
     # at once does not answer in the same millisecond; a request may widen it (spread_s).
     jitter_s: float = 5.0
@@ -22,15 +22,15 @@ class ResyncPolicy:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.jitter_s <= MAX_RESYNC_SPREAD_S:
-            raise ValueError(f"resync jitter_s must be in [0, {MAX_RESYNC_SPREAD_S:g}]")
+            raise ValueError(f"republish jitter_s must be in [0, {MAX_RESYNC_SPREAD_S:g}]")
         if self.min_interval_s < 0.0:
-            raise ValueError("resync min_interval_s must not be negative")
+            raise ValueError("republish min_interval_s must not be negative")
 
 
-class ResyncSchedule:
+class RepublishSchedule:
     """The one pending answer (its due time) and when the last one went out."""
 
-    def __init__(self, policy: ResyncPolicy) -> None:
+    def __init__(self, policy: RepublishPolicy) -> None:
         self.policy = policy
         self._due: float | None = None
         self._last: float | None = None

@@ -1,4 +1,5 @@
-"""Ask every agent to re-publish its state when the aggregator may have missed messages.
+"""Resync requests: ask agents to republish their state when the aggregator may have missed
+messages (vocabulary: docs/wire.md, "Resync").
 
 After start (fleet loaded from KV, node subscription in place), after each reconnect
 (nats-server may have cut us as a slow consumer) and when nats-py dropped node messages
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResyncSettings:
+class ResyncRequestSettings:
     # Nodes per second the aggregator asks to hear from during a resync (each answers
     # with a snapshot, a full counter batch and its status): the fleet's answers are
     # spread over nodes / rate seconds (agents add at least their own jitter).
@@ -36,7 +37,7 @@ class ResyncSettings:
     min_gap_s: float = 1.0  # between two requests; requests in between are merged
 
 
-def resync_spread(nodes: int, rate_nodes_per_s: float) -> float:
+def request_spread(nodes: int, rate_nodes_per_s: float) -> float:
     """Pure: the window over which `nodes` agents should answer, capped for the wire."""
     if rate_nodes_per_s <= 0:
         return MAX_RESYNC_SPREAD_S
@@ -47,7 +48,7 @@ class ResyncRequester:
     def __init__(
         self,
         nc: NatsClient,
-        settings: ResyncSettings,
+        settings: ResyncRequestSettings,
         *,
         nodes: Callable[[], int],
         clock: Callable[[], float],
@@ -90,7 +91,7 @@ class ResyncRequester:
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.min_gap_s)
 
     async def _publish(self, reason: ResyncReason, count: int, partitions: set[int]) -> None:
-        spread = resync_spread(self._nodes(), self._settings.rate_nodes_per_s)
+        spread = request_spread(self._nodes(), self._settings.rate_nodes_per_s)
         message = ResyncRequest(
             reason=reason,
             spread_s=spread,

@@ -1,8 +1,9 @@
-"""The agent's side of `nicfleet.v1.control.resync`: decode requests, answer them on time.
+"""The agent's republish: its answer to the resync requests on `nicfleet.v1.control.resync`.
 
-`handle` is the subscription callback (the publisher owns the connection); `run` waits
-until the pending answer is due (agent.bus.resyncpacing decides when) and calls `resync`, which
-re-publishes the snapshot, a full counter batch and the device-plugin status.
+`handle` is the subscription callback (the publisher owns the connection) that decodes a
+request; `run` waits until the pending republish is due (agent.bus.republishpacing decides
+when) and calls `republish`, which re-publishes the snapshot, a full counter batch and the
+device-plugin status. Vocabulary: docs/wire.md, "Resync".
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agent.bus.resyncpacing import ResyncPolicy, ResyncSchedule
+from agent.bus.republishpacing import RepublishPolicy, RepublishSchedule
 from proto.codec import CodecError, decode
 from proto.messages.control import ResyncRequest
 from proto.subjects import node_token, partition_of
@@ -23,29 +24,29 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class ResyncStats:
+class RepublishStats:
     requests: int = 0  # decoded requests received
     coalesced: int = 0  # requests that found an answer already pending
     rejected: int = 0  # payloads that did not decode (ignored)
     other_partitions: int = 0  # scoped requests for partitions this node is not in
-    answered: int = 0  # resyncs done
+    answered: int = 0  # republishes done
 
 
-class ResyncControl:
+class RepublishControl:
     def __init__(
         self,
-        policy: ResyncPolicy,
+        policy: RepublishPolicy,
         *,
         monotonic: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
         node: str | None = None,  # scoped requests (docs/scaling.md) name its partition
     ) -> None:
         self._token = node_token(node) if node is not None else None
-        self._schedule = ResyncSchedule(policy)
+        self._schedule = RepublishSchedule(policy)
         self._monotonic = monotonic
         self._draw = draw
         self._wake = asyncio.Event()
-        self.stats = ResyncStats()
+        self.stats = RepublishStats()
         self._logged_bad = False
 
     @property
@@ -79,7 +80,7 @@ class ResyncControl:
         )
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event, resync: Callable[[], Awaitable[None]]) -> None:
+    async def run(self, stop: asyncio.Event, republish: Callable[[], Awaitable[None]]) -> None:
         while not stop.is_set():
             due = self._schedule.due
             timeout = None if due is None else max(0.0, due - self._monotonic())
@@ -89,7 +90,7 @@ class ResyncControl:
                 continue
             if self._schedule.take(self._monotonic()):
                 self.stats.answered += 1
-                await resync()
+                await republish()
 
 
 async def _wait_either(stop: asyncio.Event, wake: asyncio.Event, *, timeout: float | None) -> None:
