@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from agent.bus.republishpacing import RepublishPolicy
 from agent.lab.faults import port_down
@@ -106,7 +107,10 @@ async def test_change_while_the_aggregator_was_down_arrives_at_its_start(
             kv = await nc.jetstream().key_value(subjects.KV_NODES)
 
             async def stored() -> bool:
-                return bool(await kv.get(subjects.node_token(node)))
+                try:  # the store's writes are coalesced: the key may not be there yet
+                    return bool(await kv.get(subjects.node_token(node)))
+                except KeyNotFoundError:
+                    return False
 
             await wait_until(stored, what="snapshot in KV")
             control = running.control
