@@ -3,6 +3,7 @@
 Owns the `prometheus-node-exporter` child (Debian package, 1.5): an ephemeral loopback
 port, readiness, timed scrapes over one kept-alive connection (as Prometheus scrapes) and
 its CPU time from /proc. Never listens beyond 127.0.0.1; never outlives the `with` block.
+A library, not a script: `bench/agent_collect.py --smoke` runs it (make test).
 """
 
 from __future__ import annotations
