@@ -96,12 +96,14 @@ class AgentService:
         self._first_snapshot = asyncio.Event()
         # The aggregator's resync requests, answered by a republish.
         self.control = RepublishControl(settings.republish, node=settings.node_name)
+        self.epoch = round(clock() * 1e9)  # this process's start (docs/wire.md, "Ordering")
         self._publisher = Publisher(
             node=settings.node_name,
             url=settings.nats_url,
             on_reconnect=self._republish,
             security=settings.nats_security,
             on_control=self.control.handle,
+            epoch=self.epoch,
         )
         self._snapshot_seq = 0
         self._counter_seq = 0

@@ -25,6 +25,8 @@ AggregatorError
 ├── ValidationBusy          too many validations queued, HTTP 429 (retryable)
 ├── ValidationUnavailable   no Kubernetes API to create validation pods in, HTTP 503
 ├── BadParameter            an API query or path parameter that fails validation (400)
+├── CalloutRequestError     an auth-callout request not signed by a server (a ValueError)
+├── BodyError               a request body over its size/depth bound or not JSON (a ValueError)
 ├── PagingError             a bad `limit`, `offset` or `continue` (a ValueError)
 ├── TokenFileError          an API token file that cannot be used (a ValueError)
 ├── UndocumentedRoute       an API route without an OpenAPI entry (a LookupError)

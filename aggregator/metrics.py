@@ -126,6 +126,78 @@ class Metrics:
         self.registry.register(FleetCollector(nodes, alerts, findings))
 
 
+@dataclass(frozen=True)
+class HttpMetrics:
+    """The HTTP server's bounds at work (aggregator.api.limits, aggregator.api.connections):
+    open connections and requests in flight, and what each bound refused or closed."""
+
+    connections: Gauge
+    connections_closed: Counter
+    in_flight: Gauge
+    refused: Counter
+    accept_errors: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> HttpMetrics:
+        return cls(
+            connections=Gauge(
+                "nicfleet_api_connections",
+                "Open HTTP API connections (bounded by --http-max-connections).",
+                registry=registry,
+            ),
+            connections_closed=Counter(
+                "nicfleet_api_connections_closed",
+                "API connections the server closed itself, by reason (header-timeout: no"
+                " complete request head in time; evicted: the oldest idle one, for a new"
+                " connection over the bound; refused: over the bound with none idle).",
+                ["reason"],
+                registry=registry,
+            ),
+            in_flight=Gauge(
+                "nicfleet_api_requests_in_flight",
+                "API requests being handled now, SSE streams included.",
+                registry=registry,
+            ),
+            refused=Counter(
+                "nicfleet_api_requests_refused",
+                "API requests answered 503 by a bound, by bound (in-flight, stream-clients).",
+                ["bound"],
+                registry=registry,
+            ),
+            accept_errors=Counter(
+                "nicfleet_api_accept_errors",
+                "accept() failures of the API listener, by errno (EMFILE: out of file"
+                " descriptors); logged at most once per interval.",
+                ["errno"],
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class JoinMetrics:
+    """Agents joining NATS by ServiceAccount token through the auth callout
+    (aggregator.bus.calloutservice): admissions, and refusals by reason."""
+
+    joins: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> JoinMetrics:
+        return cls(
+            joins=Counter(
+                "nicfleet_nats_joins",
+                "Auth-callout answers to agents joining NATS, by outcome (admitted, refused)"
+                " and reason (expired, wrong_audience, unauthenticated, not_agent, no_node,"
+                " no_token, malformed, unavailable; empty when admitted).",
+                ["outcome", "reason"],
+                registry=registry,
+            )
+        )
+
+    def record(self, outcome: str, reason: str) -> None:
+        self.joins.labels(outcome, reason).inc()
+
+
 class Ruled(Protocol):
     """A finding or an alert, as far as the by-rule gauges care."""
 

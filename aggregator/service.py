@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiohttp import web
@@ -28,9 +28,12 @@ from aggregator.alerts.wiring import AlertWiring
 from aggregator.api.alerts import add_alert_routes
 from aggregator.api.app import ApiSettings, build_app
 from aggregator.api.auth import ApiAuth
+from aggregator.api.limits import HttpLimits, HttpLimitSettings
 from aggregator.api.statuspage import add_ui_routes
 from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
 from aggregator.api.validations import add_validation_routes
+from aggregator.bus.calloutservice import CalloutSettings
+from aggregator.bus.desiredanswer import DesiredFeed
 from aggregator.bus.natsserver import NatsServerSettings
 from aggregator.bus.resyncrequest import ResyncRequester, ResyncRequestSettings
 from aggregator.errors import KubeError
@@ -112,6 +115,10 @@ class AggregatorSettings:
     resync: ResyncRequestSettings = field(default_factory=ResyncRequestSettings)
     # --partitions: one replica of a sharded aggregator (docs/scaling.md); 0: all nodes here.
     shards: ShardSettings = field(default_factory=ShardSettings)
+    # The HTTP API's bounds against hostile clients (--http-*, docs/security.md).
+    http: HttpLimitSettings = field(default_factory=HttpLimitSettings)
+    # --nats-callout-*: agents join NATS by ServiceAccount token (needs `kube`).
+    nats_callout: CalloutSettings | None = None
 
 
 class AggregatorService:
@@ -125,6 +132,7 @@ class AggregatorService:
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics.create()
+        self.http_limits = HttpLimits.create(settings.http, self.metrics.registry)
         self.fleet = Fleet()
         self.ready = asyncio.Event()
         # Every accepted node message is announced here; loops that react to the fleet
@@ -241,7 +249,11 @@ class AggregatorService:
                 extra=lambda: self.nvidia_findings, api_url=self._advertised_api_url,
             )
         )  # fmt: skip
-        config_store = ConfigStore(await open_config_bucket(nc.jetstream()))
+        config_kv = await open_config_bucket(nc.jetstream())
+        desired = DesiredFeed(nc, config_kv, registry=self.metrics.registry)
+        await desired.open()  # before ready: an agent's request is answered from then on
+        parts.closing(stack, "desired-config answers", desired.close)
+        config_store = ConfigStore(config_kv, announce=desired.announce)
         cluster = await parts.open_cluster(
             stack, nc, settings.kube, policy_file=settings.policy_file,
             policies=settings.policies, policy_watch_interval=settings.policy_watch_interval,
@@ -274,10 +286,13 @@ class AggregatorService:
         reviewer = parts.token_reviewer(cluster.kube, settings.api_token_review)
         app = self._build_app(cluster, reconciler, alerts, validations, reviewer)
         replica.add_routes(app, self.fleet, computed)
-        api_url = await parts.start_api(stack, app, settings.listen_host, settings.listen_port)
+        api_url = await parts.start_api(
+            stack, app, settings.listen_host, settings.listen_port, self.http_limits
+        )
         return Runtime(
             bus=bus, replica=replica, cluster=cluster, leader=leader, reconciler=reconciler,
             alerts=alerts, validations=validations, token_reviewer=reviewer, api_url=api_url,
+            desired=desired,
         )  # fmt: skip
 
     def _build_app(
@@ -302,8 +317,9 @@ class AggregatorService:
             auth=self.settings.api_auth,
             token_review=reviewer,
             latest_validation=validations.store.latest_for,
+            limits=self.http_limits,
         )
-        add_alert_routes(app, engine=alerts)
+        add_alert_routes(app, engine=alerts, limits=self.http_limits)
         add_validation_routes(app, runner=validations, fleet=self.fleet, cluster=cluster.view)
         add_ui_routes(app)  # the status page at /ui/ (open: it holds no data)
         return app
@@ -312,6 +328,7 @@ class AggregatorService:
         cluster = runtime.cluster
         tasks.create_task(runtime.bus.writer.run(stop))
         tasks.create_task(runtime.bus.resync.run(stop))
+        tasks.create_task(runtime.desired.run(stop))
         runtime.replica.start(tasks, stop, runtime.leader)  # sharded: owner, whole fleet
         tasks.create_task(cluster.policies.run(stop))
         tasks.create_task(runtime.leader.run(stop))
@@ -322,6 +339,17 @@ class AggregatorService:
         tasks.create_task(runtime.reconciler.run(stop))
         tasks.create_task(runtime.alerts.run(stop))
         tasks.create_task(runtime.validations.run(stop))
+        if (callout := self.settings.nats_callout) is not None:
+            responder = parts.callout_responder(
+                cluster.kube, callout, registry=self.metrics.registry
+            )
+            security = replace(
+                self.settings.nats_security, nkey_seed_file=callout.security.nkey_seed_file,
+                user=None, password_file=None, token_file=None,
+            )  # fmt: skip
+            tasks.create_task(
+                parts.serve_auth_callout(runtime.bus.nats_url, responder, security, stop=stop)
+            )
 
     def _advertised_api_url(self) -> str | None:
         """The API URL in the shard heartbeat (`advertise_url` alone until the API is up)."""

@@ -177,3 +177,6 @@ class NodeSnapshot(
     modules: dict[str, ModuleInfo] = msgspec.field(default_factory=dict)
     platform: Platform = Platform()
     errors: tuple[ReadError, ...] = ()  # host-level errors (GPUs, modules, platform)
+    # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
+    # its own clock, the same in every message of one process; 0: an agent older than epochs.
+    epoch: int = 0

@@ -73,6 +73,7 @@ class PackedCounterBatch(
     layouts: tuple[PackedLayout, ...] = ()
     ports: tuple[PackedPort, ...] = ()
     errors: tuple[ReadError, ...] = ()
+    epoch: int = 0  # CounterBatch.epoch
 
 
 # What data-quality finds nothing wrong with (aggregator/rules/dataquality.py): a counter of
@@ -174,6 +175,7 @@ def pack(batch: CounterBatch) -> PackedCounterBatch:
         layouts=tuple(table.layouts),
         ports=tuple(ports),
         errors=batch.errors,
+        epoch=batch.epoch,
     )
 
 
@@ -272,6 +274,7 @@ def unpack(packed: PackedCounterBatch) -> CounterBatch:
         ports=tuple(ports),
         errors=packed.errors,
         base_seq=packed.base_seq,
+        epoch=packed.epoch,
     )
 
 

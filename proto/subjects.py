@@ -37,6 +37,11 @@ CONTROL_RESYNC: Final = f"{PREFIX}.control.resync"
 # nicfleet.v1.part.<partition>.node.<node>.<kind>; replicas publish per-shard summaries.
 PARTITION_WILDCARD: Final = f"{PREFIX}.part.>"
 SHARD_SUMMARY_WILDCARD: Final = f"{PREFIX}.shard.*.summary"
+# Desired device-plugin config over core NATS (docs/wire.md, "Desired config"): the
+# aggregator announces a node's on nicfleet.v1.desired.<node>; an agent asks for it on
+# nicfleet.v1.desired.<node>.get (one token more, so neither wildcard matches the other).
+DESIRED_WILDCARD: Final = f"{PREFIX}.desired.*"
+DESIRED_GET_WILDCARD: Final = f"{PREFIX}.desired.*.get"
 
 
 def partition_subject(partition: int | str, token: str = "*", kind: str = "*") -> str:
@@ -147,6 +152,24 @@ def parse_validation_subject(subject: str) -> str:
     if len(parts) != 4 or ".".join(parts[:3]) != f"{PREFIX}.validation":
         raise ValueError(f"subject {subject!r} is not {PREFIX}.validation.<id>")
     return validate_validation_id(parts[3])
+
+
+def desired_subject(node: str) -> str:
+    """`nicfleet.v1.desired.<node-token>`: the aggregator's announcements for one node."""
+    return f"{PREFIX}.desired.{node_token(node)}"
+
+
+def desired_get_subject(node: str) -> str:
+    """`nicfleet.v1.desired.<node-token>.get`: where that node's agent asks for its config."""
+    return f"{desired_subject(node)}.get"
+
+
+def parse_desired_get_subject(subject: str) -> str:
+    """The node a desired-config request is for; raise ValueError when it is not one."""
+    parts = subject.split(".")
+    if len(parts) != 5 or ".".join(parts[:3]) != f"{PREFIX}.desired" or parts[4] != "get":
+        raise ValueError(f"subject {subject!r} is not {PREFIX}.desired.<node>.get")
+    return node_from_token(parts[3])
 
 
 def alert_subject(severity: str, rule: str, node: str) -> str:

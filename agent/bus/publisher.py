@@ -2,7 +2,8 @@
 
 Owns the NATS connection of one agent: connects (retrying until told to stop),
 reconnects forever, and tells the service when a reconnect happened so it re-publishes
-its full snapshot. Knows nothing about sysfs.
+its full snapshot. Stamps every message with the process's `epoch` (docs/wire.md,
+"Ordering"). Knows nothing about sysfs.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
+import msgspec.structs
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -55,8 +58,12 @@ class Publisher:
         connect_timeout: float = 2.0,
         security: NatsClientSecurity = NO_SECURITY,
         on_control: Callable[[bytes], None] | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.node = subjects.validate_node_name(node)
+        # This process's start (unix ns, by the agent's clock): what lets the aggregator
+        # tell a restart (seq back to 1) from a late message of the process before.
+        self.epoch = time.time_ns() if epoch is None else epoch
         # Checked here, so a bad credential file fails the agent at start.
         self._connect_options = connect_options(security, inbox_prefix=agent_inbox_prefix(node))
         self.url = url
@@ -117,6 +124,8 @@ class Publisher:
     ) -> bool:
         kind = _KINDS[type(message)]
         subject = subjects.node_subject(self.node, kind)
+        if message.epoch != self.epoch:  # the builders know nothing of the process
+            message = msgspec.structs.replace(message, epoch=self.epoch)
         headers = None
         if kind != subjects.COUNTERS:
             # Lets a JetStream stream drop duplicates of a re-sent message.

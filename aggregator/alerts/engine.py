@@ -48,6 +48,9 @@ Evaluate = Callable[
 ]
 # Per-rule `for`/`clear` from the policies' `alerts` sections (absent rule: the default).
 Timings = Callable[[tuple[Policy, ...]], Mapping[str, RuleTiming]]
+# Node -> when this process could first have heard it, for the nodes it loaded from KV
+# (aggregator.rules.descriptor.RuleInput.heard_since); replaced, never mutated.
+HeardSince = Callable[[], Mapping[str, float]]
 EventType = Literal["Normal", "Warning"]
 
 
@@ -81,6 +84,8 @@ class EngineSettings:
     event_queue: int = 256
     # After a start, alerts of nodes without a fresh snapshot are not resolved for this
     # long (the fleet rebuilt from KV may be older than what the alerts were raised on).
+    # Those of a node loaded from KV and not heard from at all since are held longer:
+    # until it is heard (`heard_since`).
     startup_grace_s: float = 30.0
 
 
@@ -113,6 +118,7 @@ class AlertEngine:
         timings: Timings | None = None,
         clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
+        heard_since: HeardSince = dict,
     ) -> None:
         # Every replica evaluates and serves findings; only the leader runs the alert
         # lifecycle: notifies (NATS, SSE, Alertmanager, Events) and persists.
@@ -132,6 +138,10 @@ class AlertEngine:
         self._event_queue: asyncio.Queue[Alert] = asyncio.Queue(maxsize=settings.event_queue)
         self._timings = timings
         self._clock = clock
+        self._heard_since = heard_since
+        # Nodes of `_heard_from` (that mapping) not heard from yet: only ever shrinks.
+        self._heard_from: Mapping[str, float] | None = None
+        self._unheard: set[str] = set()
         self.states: dict[str, Tracked] = {}
         self._stepper = Stepper()  # `step`, advancing only what changed or is due
         self.findings: tuple[Finding, ...] = ()
@@ -259,15 +269,33 @@ class AlertEngine:
         return None if task.cancelled() else task.result()
 
     def _held(self, now: float) -> frozenset[str]:
+        unheard = self._not_heard_yet()
         started = self._started_at
         if started is None or now - started >= self.settings.startup_grace_s:
-            return frozenset()
+            return unheard
         # Counter batches and events do not restate port states; only a snapshot does.
-        return frozenset(
+        return unheard | frozenset(
             name
             for name, record in self.fleet.view().items()
             if record.snapshot_received_at is None or record.snapshot_received_at < started
         )
+
+    def _not_heard_yet(self) -> frozenset[str]:
+        """Nodes loaded from KV that sent nothing since this process could hear them:
+        what is known of them is an earlier process's, so none of their alerts resolves
+        (agent-stale reports them once its limit has passed since `heard_since`)."""
+        heard = self._heard_since()
+        if heard is not self._heard_from:
+            self._heard_from, self._unheard = heard, set(heard)
+        if not self._unheard:
+            return frozenset()
+        view = self.fleet.view()
+        self._unheard = {
+            name
+            for name in self._unheard
+            if (record := view.get(name)) is not None and record.last_seen < heard[name]
+        }
+        return frozenset(self._unheard)
 
     async def _deliver(self, transitions: tuple[Alert, ...]) -> None:
         if not transitions:

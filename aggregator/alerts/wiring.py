@@ -27,6 +27,7 @@ from aggregator.alerts.engine import (
     Evaluate,
     EventSink,
     EventType,
+    HeardSince,
     Timings,
 )
 from aggregator.alerts.lifecycle import RuleTiming
@@ -37,6 +38,7 @@ from aggregator.fleet.changefeed import Subscription
 from aggregator.fleet.state import Fleet, NodeRecord
 from aggregator.fleet.store import open_bucket
 from aggregator.kube.client import KubeClient
+from aggregator.rules.descriptor import NOT_LOADED
 from aggregator.rules.engine.incremental import IncrementalRules
 from aggregator.rules.finding import Finding
 from aggregator.rules.thresholds import DEFAULT_THRESHOLDS, Thresholds, thresholds_for
@@ -64,10 +66,18 @@ MAX_ON_LOOP: Final = 100
 
 
 class AllRules:
-    """The real rule set; thresholds and timings parsed once per policy tuple."""
+    """The real rule set; thresholds and timings parsed once per policy tuple.
+    `heard_since`: the rules' `RuleInput.heard_since` now (replaced, never mutated: a
+    worker thread may read it)."""
 
-    def __init__(self, extra: Callable[[], Sequence[Finding]] | None = None) -> None:
+    def __init__(
+        self,
+        extra: Callable[[], Sequence[Finding]] | None = None,
+        *,
+        heard_since: HeardSince = lambda: NOT_LOADED,
+    ) -> None:
         self._extra = extra  # findings computed elsewhere (e.g. the NicClusterPolicy audit)
+        self._heard_since = heard_since
         self._policies: tuple[Policy, ...] | None = None
         self._thresholds: tuple[Thresholds, tuple[Finding, ...]] = (DEFAULT_THRESHOLDS, ())
         # Same findings as registry.evaluate, re-run only for nodes changed since the last
@@ -86,8 +96,9 @@ class AllRules:
     ) -> Sequence[Finding]:
         thresholds, problems = self._parsed(policies)
         found = self._incremental.evaluate(
-            fleet.view(), policies, cluster, now, thresholds=thresholds
-        )
+            fleet.view(), policies, cluster, now, thresholds=thresholds,
+            heard_since=self._heard_since(),
+        )  # fmt: skip
         extra = self._extra() if self._extra is not None else ()
         return [*problems, *found, *extra]
 
@@ -141,6 +152,7 @@ class AllRules:
                 cluster,
                 now,
                 thresholds=thresholds,
+                heard_since=self._heard_since(),
                 abandon=abandon.is_set,
             )
         )
@@ -189,13 +201,16 @@ async def open_alert_engine(
     events: EventSink | None = None,
     extra_findings: Callable[[], Sequence[Finding]] | None = None,
     is_leader: Callable[[], bool] = lambda: True,
+    heard_since: HeardSince = lambda: NOT_LOADED,
 ) -> AlertEngine:
     """The engine with its persisted states loaded (firing alerts are not re-sent).
 
     Without `evaluate`, every rule runs with the policies' thresholds and timings.
+    `heard_since`: when this process could first hear each node it loaded from KV (the
+    rules' input, and the engine holds those nodes' alerts until they are heard).
     """
     if evaluate is None:
-        rules = AllRules(extra_findings)
+        rules = AllRules(extra_findings, heard_since=heard_since)
         evaluate, timings = rules.evaluate_async, timings or rules.timings
     kv = await open_bucket(nc.jetstream(), subjects.KV_ALERTS)
     metrics = AlertMetrics.create(registry)
@@ -227,6 +242,7 @@ async def open_alert_engine(
         events=events,
         timings=timings,
         clock=clock,
+        heard_since=heard_since,
     )
     engine.load(await load_states(kv))
     return engine

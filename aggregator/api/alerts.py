@@ -22,6 +22,7 @@ from aggregator.alerts.delivery import Event, StreamClient
 from aggregator.alerts.engine import AlertEngine
 from aggregator.alerts.lifecycle import FLEET_NODE, listed
 from aggregator.api.errors import BadParameter, json_response
+from aggregator.api.limits import HttpLimits
 from aggregator.api.paging import (
     Key,
     PageLimits,
@@ -131,9 +132,12 @@ class _SortedFindings:
 
 
 class _AlertApi:
-    def __init__(self, engine: AlertEngine, settings: StreamSettings) -> None:
+    def __init__(
+        self, engine: AlertEngine, settings: StreamSettings, limits: HttpLimits | None
+    ) -> None:
         self.engine = engine
         self.settings = settings
+        self.limits = limits
         self.page_limits = PageLimits()
         self.sorted = _SortedFindings()
 
@@ -180,6 +184,19 @@ class _AlertApi:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         filters = parse_filters(request, FINDING_PARAMS)
         last_id = _last_event_id(request)
+        if self.limits is None:
+            return await self._stream(request, filters, last_id)
+        refused = self.limits.open_stream()  # each subscriber holds a connection for good
+        if refused is not None:
+            return refused
+        try:
+            return await self._stream(request, filters, last_id)
+        finally:
+            self.limits.close_stream()
+
+    async def _stream(
+        self, request: web.Request, filters: Filters, last_id: int | None
+    ) -> web.StreamResponse:
         broker = self.engine.broker
         client, backlog = broker.subscribe(last_id)
         self.engine.metrics.stream_clients.inc()
@@ -247,9 +264,13 @@ def _last_event_id(request: web.Request) -> int | None:
 
 
 def add_alert_routes(
-    app: web.Application, *, engine: AlertEngine, settings: StreamSettings | None = None
+    app: web.Application,
+    *,
+    engine: AlertEngine,
+    settings: StreamSettings | None = None,
+    limits: HttpLimits | None = None,  # the SSE subscriber bound; None: unbounded
 ) -> None:
-    api = _AlertApi(engine, settings or StreamSettings())
+    api = _AlertApi(engine, settings or StreamSettings(), limits)
     app.router.add_get("/api/v1/findings", api.findings)
     app.router.add_get("/api/v1/alerts", api.alerts)
     app.router.add_get("/api/v1/alerts/stream", api.stream)

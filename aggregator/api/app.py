@@ -20,10 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from aggregator import __version__
-from aggregator.api.auth import ApiAuth, auth_middleware
+from aggregator.api.auth import ApiAuth, auth_middleware, same_origin_middleware
 from aggregator.api.chain import add_chain_routes
 from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.api.labelselect import Requirement, parse_selector, selected
+from aggregator.api.limits import HttpLimits
 from aggregator.api.openapi import openapi_document
 from aggregator.api.openapiops import OPENAPI_PATH
 from aggregator.api.openapischemas import NODE_NAME_FILTER
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NODE_LIST_PARAMS: Final = ("state", "name", "label", "limit", "continue", "offset")
 MAX_SUGGESTIONS: Final = 3
+CLIENT_GONE: Final = 499
 _NAME_FILTER: Final = re.compile(NODE_NAME_FILTER["pattern"][1:-1])
 # Any token is a valid HTTP method; only these become metric label values.
 _KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -123,6 +125,10 @@ class _Api:
             if exc.status < 400:
                 raise  # redirects and the like pass through untouched
             response = _from_http_exception(request, exc)
+        except ConnectionError:
+            # The client went away mid-request (a body cut off): no one to answer, nothing
+            # to log. The response is never sent; 499 (nginx's "client closed") counts it.
+            response = error_response(CLIENT_GONE, "http_error", "the client went away")
         except Exception:
             log.exception("unhandled error serving %s %s", request.method, request.path)
             response = error_response(500, "internal", "internal server error")
@@ -225,6 +231,8 @@ def build_app(
     token_review: TokenReviewer | None = None,  # tokens not in `auth` go to TokenReview
     # (node, resource) -> newest finished validation (aggregator.validations.runner), for the trace
     latest_validation: Callable[[str, str], ValidationRecord | None] | None = None,
+    # Connection, in-flight and stream bounds (aggregator.api.limits); None: unbounded
+    limits: HttpLimits | None = None,
 ) -> web.Application:
     """The API application. Registers its request counter in `metrics` (once per registry)."""
     api = _Api(fleet, settings, readiness, clock, metrics or CollectorRegistry(), policies)
@@ -234,8 +242,16 @@ def build_app(
     # The auth middleware runs inside the error middleware, so 401/403 are counted too.
     if auth is None and token_review is not None:
         auth = ApiAuth(tokens=())  # TokenReview only
-    middlewares = [api.middleware] + (
-        [auth_middleware(auth, review=token_review, registry=api.registry)] if auth else []
+    # The in-flight bound runs first, before any auth work (a TokenReview call) is spent.
+    # Without tokens, state-changing requests must be same-origin JSON (CSRF).
+    middlewares = (
+        ([limits.middleware()] if limits is not None else [])
+        + [api.middleware]
+        + [
+            auth_middleware(auth, review=token_review, registry=api.registry)
+            if auth
+            else same_origin_middleware()
+        ]
     )
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/healthz", api.healthz)

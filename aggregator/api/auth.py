@@ -3,7 +3,8 @@
 `parse_token_file` is pure (text in, `ApiAuth` out, errors name the line, never the token);
 `auth_middleware` tries the file (`hmac.compare_digest` against every token), then TokenReview
 (`aggregator.api.tokenreview`), answering 401/403/503 in the `httperrors` shape. Tokens are never
-logged, repr'd or counted; metric labels are the method and the result only.
+logged, repr'd or counted; metric labels are the method and the result only. Without
+tokens, `same_origin_middleware` refuses cross-origin and non-JSON state-changing requests.
 """
 
 from __future__ import annotations
@@ -225,6 +226,47 @@ def auth_middleware(
                 headers={"WWW-Authenticate": f'{REALM}, error="insufficient_scope"'},
             )
         count(method, "ok")
+        return await handler(request)
+
+    return middleware
+
+
+JSON_TYPE: Final = "application/json"
+
+
+def same_origin_middleware() -> Middleware:
+    """No-token mode: a state-changing request (not GET/HEAD/OPTIONS) on a route must come
+    from this API's own origin (or send no Origin: curl, nicfleetctl) and be JSON.
+
+    Without tokens the only credential is reaching the socket, which a web page the
+    operator opens can do through the browser: a cross-site form or `fetch` in no-cors
+    mode sends a "simple" request (text/plain, form data) with no preflight. Refusing a
+    foreign Origin (403) and every body type but JSON (415) leaves such a page nothing."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method in READ_METHODS or request.match_info.http_exception is not None:
+            return await handler(request)  # reads, and unknown routes (their 404/405)
+        origin = request.headers.get("Origin")
+        own = f"{request.scheme}://{request.host}"
+        if origin is not None and origin != own:
+            _refused(request, f"cross-origin: Origin {origin!r}")
+            return error_response(
+                403,
+                "cross_origin",
+                f"cross-origin {request.method} refused: Origin {origin!r} is not this API's"
+                f" origin {own!r} (without --api-token-file a state-changing request must come"
+                " from the same origin, or send no Origin)",
+            )
+        if request.headers.get("Content-Type") is None or request.content_type != JSON_TYPE:
+            _refused(request, f"content type {request.content_type!r}")
+            return error_response(
+                415,
+                "unsupported_media_type",
+                f"{request.method} needs 'Content-Type: {JSON_TYPE}' (without --api-token-file"
+                " the API refuses the body types a cross-site page may send unasked)",
+                headers={"Accept-Post": JSON_TYPE},
+            )
         return await handler(request)
 
     return middleware

@@ -27,6 +27,10 @@ ErrorCode = Literal[
     "conflict",  # aggregator.api.validations: a node does not advertise the resource (409)
     "too_many_requests",  # aggregator.api.validations: the validation queue is full (429)
     "unavailable",  # aggregator.api.validations: no Kubernetes API to run pods in (503)
+    "overloaded",  # aggregator.api.limits: over a connection/in-flight/stream bound (503)
+    "unsupported_media_type",  # aggregator.api.auth: no-token POST that is not JSON (415)
+    "cross_origin",  # aggregator.api.auth: no-token POST from another Origin (403)
+    "request_timeout",  # aggregator.api.validations: the body did not arrive in time (408)
 ]
 JSON_TYPE: Final = "application/json"
 

@@ -24,6 +24,12 @@ from aggregator.api.openapischemas import STRING, Schema, components, error_resp
 from aggregator.errors import AggregatorError
 
 MAX_LINE: Final = 8190  # aiohttp's default max_line_size and max_field_size
+OVERLOADED: Final = (
+    "Over a bound of the server (open connections, requests in flight, alert stream"
+    " clients); `Retry-After` says when to retry."
+)
+CROSS_ORIGIN: Final = "No tokens configured: an `Origin` other than this API's own is refused."
+NOT_JSON: Final = "No tokens configured: a body that is not `Content-Type: application/json`."
 
 
 class UndocumentedRoute(AggregatorError, LookupError):
@@ -89,6 +95,13 @@ def openapi_document(
             if method == "POST":
                 responses["403"] = error_response("POST needs an admin token.")
             operation["responses"] = responses
+        elif method == "POST":  # no tokens: aggregator.api.auth.same_origin_middleware
+            operation["responses"] = {
+                **operation["responses"],
+                "403": error_response(CROSS_ORIGIN),
+                "415": error_response(NOT_JSON),
+            }
+        operation["responses"] = _with_overload(operation["responses"])
         paths.setdefault(path, {})[method.lower()] = operation
     components_doc: Schema = {"schemas": components()}
     doc: Schema = {
@@ -121,6 +134,17 @@ def _with_protocol_error(responses: Schema) -> Schema:
     )
     content = {**declared["content"], "text/plain": {"schema": STRING}}
     return {**responses, "400": {"description": description, "content": content}}
+
+
+def _with_overload(responses: Schema) -> Schema:
+    """Any route may meet a bound of aggregator.api.limits (503 + Retry-After)."""
+    declared = responses.get("503")
+    if declared is None:
+        return {**responses, "503": error_response(OVERLOADED)}
+    return {
+        **responses,
+        "503": {**declared, "description": f"{declared['description']} {OVERLOADED}"},
+    }
 
 
 def _is_open(path: str, *, metrics_public: bool) -> bool:

@@ -11,6 +11,7 @@ from typing import Final
 
 from aggregator.api.alerts import STATUSES
 from aggregator.api.auth import METRICS_PATH
+from aggregator.api.jsonbody import BODY_TIMEOUT, MAX_BODY, MAX_DEPTH
 from aggregator.api.labelselect import MAX_SELECTOR_LENGTH, SELECTOR_PATTERN
 from aggregator.api.openapischemas import (
     ALERT_NODE,
@@ -254,8 +255,12 @@ POST_OPERATIONS: Final[Mapping[str, Schema]] = {
         },
         "responses": {
             "202": json_response("Accepted; poll `Location`.", ref("ValidationRecord")),
-            "400": error_response("A bad body; `field` names the part."),
+            "400": error_response(
+                f"A bad body (over {MAX_BODY} bytes, nested deeper than {MAX_DEPTH} levels,"
+                " not JSON, or a bad field); `field` names the part."
+            ),
             "404": error_response("Unknown node; `suggestions` holds close names."),
+            "408": error_response(f"The body did not arrive within {BODY_TIMEOUT:g} s."),
             "409": error_response("A node does not advertise the resource; `suggestions` do."),
             "429": error_response("Too many validations waiting; retry later."),
             "503": error_response("No Kubernetes API or pod template to run the pods with."),

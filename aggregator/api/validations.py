@@ -7,15 +7,16 @@ the field, 404 unknown node, 409 resource not advertised), then hands it to the 
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Callable
 from typing import Final
 
 import msgspec
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from aggregator.api.chain import _check_node, _check_resource, _checked_query
 from aggregator.api.errors import BadParameter, error_response, json_response
+from aggregator.api.jsonbody import BODY_TIMEOUT, MAX_BODY, MAX_DEPTH, BodyError, parse_body
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.validations.request import (
@@ -31,7 +32,6 @@ from proto.subjects import InvalidValidationId, validate_validation_id
 
 LIST_PARAMS: Final = ("node", "resource", "limit")
 DEFAULT_LIMIT: Final = 50
-MAX_BODY: Final = 4096
 VALIDATIONS_PATH: Final = "/api/v1/validations"
 
 
@@ -53,13 +53,17 @@ def add_validation_routes(
     async def create(request: web.Request) -> web.Response:
         if request.content_length is not None and request.content_length > MAX_BODY:
             raise BadParameter("body", f"the body must be at most {MAX_BODY} bytes")
-        raw = await request.content.read(MAX_BODY + 1)
-        if len(raw) > MAX_BODY:
-            raise BadParameter("body", f"the body must be at most {MAX_BODY} bytes")
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadParameter("body", f"the body is not JSON: {exc}") from exc
+            async with asyncio.timeout(BODY_TIMEOUT):
+                raw = await _read_body(request.content, MAX_BODY + 1)
+        except TimeoutError:
+            return error_response(
+                408, "request_timeout", f"the body did not arrive within {BODY_TIMEOUT:g} s"
+            )
+        try:
+            body = parse_body(raw, max_bytes=MAX_BODY, max_depth=MAX_DEPTH)
+        except BodyError as exc:
+            raise BadParameter("body", str(exc)) from exc
         try:
             wanted = parse_request(body)
             check_request(wanted, fleet=fleet.view(), cluster=cluster())
@@ -114,6 +118,19 @@ def add_validation_routes(
     app.router.add_post(VALIDATIONS_PATH, create)
     app.router.add_get(VALIDATIONS_PATH, list_validations)
     app.router.add_get(VALIDATIONS_PATH + "/{id}", get_validation)
+
+
+async def _read_body(content: StreamReader, most: int) -> bytes:
+    """Up to `most` bytes, to the end of the body (one read() returns what has arrived)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < most:
+        chunk = await content.read(most - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _limit(raw: str | None, most: int) -> int:

@@ -24,6 +24,10 @@ SERVER_CONFIG = "server-auth.conf"
 AGGREGATOR_SEED = "aggregator.nk"
 # The validation pods' one identity: publish a ValidationResult, nothing else (docs/validation.md).
 VALIDATION_SEED = "validation.nk"
+# The auth callout (agents join with a ServiceAccount token, docs/security.md): the user
+# the responder connects as, and the account key that signs its answers.
+CALLOUT_SEED = "callout.nk"
+CALLOUT_ISSUER_SEED = "callout-issuer.nk"
 AGENTS_DIR = "agents"
 OBSERVERS_DIR = "observers"
 
@@ -37,9 +41,16 @@ class Provisioned:
     observer_seeds: dict[str, Path]  # name -> seed file (alert readers)
     created: tuple[str, ...]  # identities whose seed was written this run
     kept: tuple[str, ...]
+    callout_seed: Path | None = None
+    callout_issuer_seed: Path | None = None
 
     def summary(self) -> dict[str, object]:
+        callout = {
+            "callout_seed": str(self.callout_seed),
+            "callout_issuer_seed": str(self.callout_issuer_seed),
+        }
         return {
+            **(callout if self.callout_seed is not None else {}),
             "config": str(self.config),
             "aggregator_seed": str(self.aggregator_seed),
             "validation_seed": str(self.validation_seed),
@@ -78,6 +89,18 @@ def _ensure_seed(path: Path, *, rotate: bool) -> tuple[str, bool]:
     return public_key(seed), True
 
 
+def _ensure_account_seed(path: Path, *, rotate: bool) -> tuple[str, bool]:
+    """(public key, created) for the account seed (SA...) at `path`."""
+    if path.exists() and not rotate:
+        text = path.read_text().strip()
+        if not text.startswith("SA"):
+            raise NatsSecurityError(f"seed file {path.name}", path, "is not an account seed")
+        return str(nkeys.from_seed(bytearray(text.encode())).public_key.decode()), False
+    seed = bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT))
+    _write_secret(path, seed)
+    return str(nkeys.from_seed(bytearray(seed)).public_key.decode()), True
+
+
 def provision(
     out: Path,
     nodes: tuple[str, ...],
@@ -86,6 +109,7 @@ def provision(
     tls: ServerTls | None = None,
     observers: tuple[str, ...] = (),
     partitions: int = 0,  # sharded aggregators: the node subject mapping (docs/scaling.md)
+    auth_callout: bool = False,  # agents may also join by ServiceAccount token
 ) -> Provisioned:
     """Seeds for the aggregator and every node under `out`, and the server config.
 
@@ -118,8 +142,17 @@ def provision(
             node = name if role is Role.AGENT else None
             identities.append(Identity(role, key, node))
             seeds[role][name] = path
+    issuer: str | None = None
+    if auth_callout:
+        key, new = _ensure_seed(out / CALLOUT_SEED, rotate=rotate)
+        (created if new else kept).append("callout")
+        identities.append(Identity(Role.CALLOUT, key))
+        issuer, new = _ensure_account_seed(out / CALLOUT_ISSUER_SEED, rotate=rotate)
+        (created if new else kept).append("callout-issuer")
     config = out / SERVER_CONFIG
-    text = render_server_config(tuple(identities), tls=tls, partitions=partitions)
+    text = render_server_config(
+        tuple(identities), tls=tls, partitions=partitions, callout_issuer=issuer
+    )
     tmp = config.with_name(config.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(config)
@@ -131,6 +164,8 @@ def provision(
         observer_seeds=seeds[Role.OBSERVER],
         created=tuple(created),
         kept=tuple(kept),
+        callout_seed=out / CALLOUT_SEED if auth_callout else None,
+        callout_issuer_seed=out / CALLOUT_ISSUER_SEED if auth_callout else None,
     )
 
 
@@ -165,6 +200,10 @@ def _nodes_from_file(path: Path) -> list[str]:
 @click.option("--partitions", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Map node subjects to N partitions for sharded aggregators "
               "(`run --partitions N`, docs/scaling.md).")  # fmt: skip
+@click.option("--auth-callout", is_flag=True,
+              help=f"Also let agents join with their ServiceAccount token: writes "
+              f"{CALLOUT_SEED} and {CALLOUT_ISSUER_SEED} for `run --nats-callout-*` "
+              "(docs/security.md).")  # fmt: skip
 def nats_auth(
     nodes: tuple[str, ...],
     nodes_file: Path | None,
@@ -176,6 +215,7 @@ def nats_auth(
     tls_ca: Path | None,
     output: str,
     partitions: int,
+    auth_callout: bool,
 ) -> None:
     """Write NKey seeds (aggregator + one per node) and the nats-server authorization
     config granting each agent only its own subjects. Existing seeds are kept."""
@@ -200,7 +240,7 @@ def nats_auth(
                         ca_file=tls_ca.resolve() if tls_ca else None)  # fmt: skip
     try:
         done = provision(out, tuple(names), rotate=rotate, tls=tls, observers=observers,
-                         partitions=partitions)  # fmt: skip
+                         partitions=partitions, auth_callout=auth_callout)  # fmt: skip
     except (NatsSecurityError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if output == "json":

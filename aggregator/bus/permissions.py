@@ -2,9 +2,10 @@
 nats-server authorization config that grants them to NKey users.
 
 Pure: takes public keys (never seeds) and returns data or JSON text. An agent may publish
-only its own node subjects, watch only its own key of `nicfleet-config` and hear resync
-requests only the aggregator may send; the aggregator may never publish node subjects;
-anonymous clients are refused.
+only its own node subjects and its own desired-config request, hear only its own inbox,
+its own desired-config subject and resync requests only the aggregator may send, and holds
+no JetStream API at all; the aggregator may never publish node subjects; anonymous clients
+are refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from proto import subjects
 
-CONFIG_STREAM = f"KV_{subjects.KV_CONFIG}"
 NODE_SUBJECTS = f"{subjects.PREFIX}.node.>"
 MAX_PARTITIONS = 1024
 
@@ -27,6 +27,7 @@ class Role(StrEnum):
     AGGREGATOR = "aggregator"
     OBSERVER = "observer"  # reads alerts only, e.g. an alert consumer
     VALIDATOR = "validator"  # a validation pod: publishes its ValidationResult only
+    CALLOUT = "callout"  # the auth-callout responder (aggregator.bus.calloutservice)
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,14 @@ class Identity:
 
 
 def agent_permissions(node: str, *, partitioned: bool = False) -> Permissions:
-    """Publish its own node subjects; read its own desired-config key, its own inbox and
-    the aggregator's resync requests (which it may not publish).
+    """Publish its own node subjects and its desired-config request; hear its own inbox,
+    its own desired-config announcements and the aggregator's resync requests (which it
+    may not publish).
 
-    The watch creates a *named, filtered* consumer, whose create subject carries the
-    filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`), so the server can tell one
-    node's key from another's; an unnamed create would have to be allowed for all keys.
+    No `$JS.>` of any kind: with the JetStream API an agent could create consumers without
+    bound and aim an API answer at any subject by choosing the request's reply subject
+    (the server sends the answer there). Its config comes over core NATS instead
+    (`aggregator.bus.desiredanswer`), and the aggregator answers only into this inbox.
     """
     token = subjects.node_token(node)
     # nats-server checks publish permissions on the *mapped* subject (2.15, tested in
@@ -77,16 +80,19 @@ def agent_permissions(node: str, *, partitioned: bool = False) -> Permissions:
         publish_allow=(
             f"{subjects.PREFIX}.node.{token}.>",
             *mapped,
-            f"$JS.API.STREAM.INFO.{CONFIG_STREAM}",
-            f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.*.$KV.{subjects.KV_CONFIG}.{token}",
+            subjects.desired_get_subject(node),
         ),
-        subscribe_allow=(f"_INBOX.{token}.>", subjects.CONTROL_RESYNC),
+        subscribe_allow=(
+            f"_INBOX.{token}.>",
+            subjects.CONTROL_RESYNC,
+            subjects.desired_subject(node),
+        ),
     )
 
 
 def aggregator_permissions() -> Permissions:
-    """JetStream (KV buckets, leases), alerts, resync requests and its inbox; never an
-    agent's subjects."""
+    """JetStream (KV buckets, leases), alerts, resync requests, desired-config
+    announcements, its inbox and answers into inboxes; never an agent's subjects."""
     return Permissions(
         publish_allow=(
             "$JS.API.>",
@@ -96,6 +102,10 @@ def aggregator_permissions() -> Permissions:
             f"{subjects.PREFIX}.alert.>",
             subjects.CONTROL_RESYNC,
             subjects.SHARD_SUMMARY_WILDCARD,
+            subjects.DESIRED_WILDCARD,
+            # Answers to desired-config requests; which inbox is checked per request
+            # (`aggregator.bus.desiredanswer.check_request`).
+            "_INBOX.>",
         ),
         publish_deny=(NODE_SUBJECTS, subjects.PARTITION_WILDCARD),
         # Partitioned node subjects (docs/scaling.md) and the replicas' shard summaries.
@@ -106,6 +116,7 @@ def aggregator_permissions() -> Permissions:
             subjects.SHARD_SUMMARY_WILDCARD,
             # The pair-validation pods' results (docs/validation.md).
             subjects.VALIDATION_WILDCARD,
+            subjects.DESIRED_GET_WILDCARD,
         ),
     )
 
@@ -119,6 +130,12 @@ def validator_permissions() -> Permissions:
     return Permissions(publish_allow=(subjects.VALIDATION_WILDCARD,), subscribe_deny=(">",))
 
 
+def callout_permissions() -> Permissions:
+    """Hear nats-server's join requests and answer them: the server's reply subjects are
+    `$SYS._INBOX.<server>.<id>` (2.15, tests/integration/bus/test_auth_callout.py)."""
+    return Permissions(publish_allow=("$SYS._INBOX.>",), subscribe_allow=("$SYS.REQ.USER.AUTH",))
+
+
 def permissions_for(identity: Identity, *, partitioned: bool = False) -> Permissions:
     if identity.role is Role.AGENT:
         if identity.node is None:
@@ -128,6 +145,8 @@ def permissions_for(identity: Identity, *, partitioned: bool = False) -> Permiss
         return aggregator_permissions()
     if identity.role is Role.VALIDATOR:
         return validator_permissions()
+    if identity.role is Role.CALLOUT:
+        return callout_permissions()
     return observer_permissions()
 
 
@@ -159,12 +178,19 @@ def render_mappings_config(partitions: int) -> str:
 
 
 def render_server_config(
-    identities: tuple[Identity, ...], *, tls: ServerTls | None = None, partitions: int = 0
+    identities: tuple[Identity, ...],
+    *,
+    tls: ServerTls | None = None,
+    partitions: int = 0,
+    callout_issuer: str | None = None,
 ) -> str:
     """A nats-server config (JSON syntax) with one NKey user per identity.
 
     There is no `no_auth_user`, so a client without valid credentials is refused.
     With `partitions`, node subjects are mapped to partition subjects (docs/scaling.md).
+    With `callout_issuer` (an account public key), a client that is none of these users is
+    asked about on `$SYS.REQ.USER.AUTH` (agents joining by token, docs/security.md); the
+    listed users bypass the callout.
     """
     if not identities:
         raise ValueError("no identities: the server would refuse everybody")
@@ -182,6 +208,15 @@ def render_server_config(
         for i in sorted(identities, key=lambda i: (i.role, i.node or "", i.public_key))
     ]
     doc: dict[str, Any] = {"authorization": {"users": users}}
+    if callout_issuer is not None:
+        if not (callout_issuer.startswith("A") and len(callout_issuer) == 56):
+            raise ValueError(f"{callout_issuer!r} is not an NKey account public key")
+        if not any(i.role is Role.CALLOUT for i in identities):
+            raise ValueError("an auth callout needs a callout identity to answer it")
+        doc["authorization"]["auth_callout"] = {
+            "issuer": callout_issuer,
+            "auth_users": sorted(keys),
+        }
     if partitions:
         doc["mappings"] = partition_mappings(partitions)
     if tls is not None:

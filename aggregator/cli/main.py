@@ -15,8 +15,12 @@ from pathlib import Path
 import click
 
 from aggregator import __version__
+from aggregator.api.limits import HttpLimitSettings
 from aggregator.api.tokenreview import ReviewSettings
+from aggregator.bus.calloutservice import CalloutSettings
 from aggregator.bus.keys import nats_auth
+from aggregator.cli.calloutflags import nats_callout_options
+from aggregator.cli.httpflags import http_limit_options
 from aggregator.cli.reviewflags import token_review_options
 from aggregator.cli.runsettings import (
     FlagError,
@@ -168,6 +172,8 @@ def main() -> None:
     help="With --api-token-file/--api-token-review: leave /metrics open to scrapers.",
 )
 @token_review_options
+@nats_callout_options
+@http_limit_options
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @log_options(level_default="info")
 def run(
@@ -191,6 +197,8 @@ def run(
     api_token_file: Path | None,
     metrics_public: bool,
     api_token_review: ReviewSettings | None,
+    nats_callout: CalloutSettings | None,
+    http_limits: HttpLimitSettings,
     verbose: int,
     log_level: str | None,
     log_format: LogFormat,
@@ -206,7 +214,7 @@ def run(
         kube_api=kube_api, identity=identity, kv_replicas=kv_replicas,
         validation_flags=validation_flags, partitions=partitions,
         api_token_file=api_token_file, metrics_public=metrics_public,
-        api_token_review=api_token_review,
+        api_token_review=api_token_review, http=http_limits, nats_callout=nats_callout,
     )  # fmt: skip
     try:
         policies = read_policies(policy_file)

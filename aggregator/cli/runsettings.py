@@ -15,7 +15,9 @@ from pathlib import Path
 from aggregator.alerts.alertmanager import AlertmanagerSettings
 from aggregator.alerts.wiring import AlertWiring
 from aggregator.api.auth import ApiAuth, TokenFileError, load_token_file
+from aggregator.api.limits import HttpLimitSettings
 from aggregator.api.tokenreview import ReviewSettings
+from aggregator.bus.calloutservice import CalloutSettings
 from aggregator.cli.validationflags import ValidationFlags, with_validation_flags
 from aggregator.errors import AggregatorError
 from aggregator.kube.client import KubeSettings
@@ -56,6 +58,8 @@ class RunFlags:
     api_token_file: Path | None = None
     metrics_public: bool = False
     api_token_review: ReviewSettings | None = None
+    http: HttpLimitSettings = dataclasses.field(default_factory=HttpLimitSettings)
+    nats_callout: CalloutSettings | None = None
 
 
 def aggregator_settings(
@@ -75,6 +79,10 @@ def aggregator_settings(
         if not ways:
             raise FlagError("--api-token-review: needs --in-cluster, --kubeconfig or --kube-api")
         api_auth = api_auth or ApiAuth(tokens=(), metrics_public=flags.metrics_public)
+    if flags.nats_callout is not None and not ways:
+        raise FlagError(
+            "--nats-callout-issuer-seed-file: needs --in-cluster, --kubeconfig or --kube-api"
+        )
     if ways and flags.policy_file is not None:
         raise FlagError("--policy: with a cluster, policies come from NicFleetPolicy objects")
     kube = KubeSettings(
@@ -99,6 +107,8 @@ def aggregator_settings(
         shards=ShardSettings(partitions=flags.partitions, replicas=flags.kv_replicas),
         kv_replicas=flags.kv_replicas,
         alerts=AlertWiring(alertmanager=AlertmanagerSettings(url=url) if url else None),
+        http=flags.http,
+        nats_callout=flags.nats_callout,
     )
     if flags.identity:
         settings = dataclasses.replace(settings, identity=flags.identity)

@@ -279,12 +279,12 @@ def _fine(rates: Iterable[float], counters: Iterable[int]) -> bool:
 
 def merge_counter_delta(base: CounterBatch | None, delta: CounterBatch) -> CounterBatch | None:
     """Pure: the full batch that `delta` stands for, or None when `base` is not the full
-    batch it names (missing, another seq) or `delta` lists a port that `base` lacks.
-
-    Like `is_newer`, a delta delayed across an agent restart may meet a new base of the
-    same seq; the next message corrects it.
+    batch it names (missing, another seq or agent process) or `delta` lists a port that
+    `base` lacks.
     """
     if base is None or base.base_seq is not None or base.seq != delta.base_seq:
+        return None
+    if base.epoch != delta.epoch:
         return None
     changes = {(p.device, p.port): p for p in delta.ports}
     ports = []

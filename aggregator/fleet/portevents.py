@@ -1,5 +1,6 @@
 """Live port and netdev state from `port-state`/`netdev-state` events, patched onto a
-stored snapshot. Pure: no I/O, no clock; `Fleet.apply_event`/`apply_snapshot` decide when.
+stored snapshot. Pure: no I/O, no clock; `Fleet.apply_event`/`apply_snapshot` decide when,
+and which agent process is followed (aggregator.fleet.ordering).
 """
 
 from __future__ import annotations
@@ -14,18 +15,28 @@ from proto.inventory import NodeSnapshot, Port, PortStateName
 from proto.messages.events import LinkEvent
 
 
-def supersedes(event: LinkEvent, snapshot: NodeSnapshot, history: Iterable[LinkEvent]) -> bool:
+def supersedes(
+    event: LinkEvent, snapshot: NodeSnapshot, history: Iterable[LinkEvent], *, current: int
+) -> bool:
     """A port-state (or netdev-state) event changes the live port (or netdev) unless it
-    predates the snapshot or something newer about the same target already arrived."""
+    predates the snapshot or something newer about the same target already arrived.
+
+    Times are compared only within one agent process (`epoch`): another process's clock may
+    be off. An event of the followed process (`current`, aggregator.fleet.ordering) is newer
+    than a snapshot of an earlier one; an event of an earlier one never changes the port.
+    """
     if event.kind == "port-state":
         if event.port is None or event.new_state is None:
             return False
     elif event.kind != "netdev-state" or event.netdev is None:
         return False
-    if event.observed_at < snapshot.collected_at:
+    if event.epoch != current:
+        return False
+    if event.epoch == snapshot.epoch and event.observed_at < snapshot.collected_at:
         return False
     return not any(
-        seen.kind == event.kind
+        seen.epoch == event.epoch
+        and seen.kind == event.kind
         and _target(seen) == _target(event)
         and seen.observed_at > event.observed_at
         for seen in history

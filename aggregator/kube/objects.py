@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgspec
@@ -258,6 +258,8 @@ class TokenReviewResult:
     groups: tuple[str, ...] = ()
     audiences: tuple[str, ...] = ()
     error: str = ""  # the authenticator's reason when not authenticated
+    # user.extra, e.g. `authentication.kubernetes.io/node-name` of a node-bound SA token.
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def result_from_review(raw: Any) -> TokenReviewResult:
@@ -277,6 +279,7 @@ def result_from_review(raw: Any) -> TokenReviewResult:
         groups=_texts(user.get("groups")),
         audiences=_texts(status.get("audiences")),
         error=_text(status.get("error")),
+        extra={str(k): _texts(v) for k, v in _mapping(user.get("extra")).items()},
     )
 
 

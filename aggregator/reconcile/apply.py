@@ -1,23 +1,23 @@
 """Reconcile, the I/O half: performs a `Plan` and publishes policy statuses.
 
 Desired configs go to the `nicfleet-config` KV bucket (key = node token, value = encoded
-`DesiredConfig`); with a Kubernetes adapter, policy status, Events for node state changes
-and `nicfleet.io/*` node labels are written through it. Decides nothing: `reconcile` and
-`policystatus` do.
+`DesiredConfig`), each acknowledged write then announced to its node (`Announce`; the KV
+stays the source of truth: an agent also asks for its entry). With a Kubernetes adapter,
+policy status, Events for node state changes and `nicfleet.io/*` node labels are written
+through it. Decides nothing: `reconcile` and `policystatus` do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from aggregator.cluster import ClusterView
 from aggregator.errors import KubeError
@@ -55,25 +55,20 @@ class KubeWriter(Protocol):
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> None: ...
 
 
-# Every agent watches its key through its own ordered consumer on the bucket's stream;
-# nats-server 2.15 caps a stream at 1000 consumers unless the stream sets a limit itself.
-CONFIG_MAX_CONSUMERS = 100_000
-
-
 async def open_config_bucket(js: JetStreamContext) -> KeyValue:
-    """The `nicfleet-config` bucket (created on first use) with room for one watch per
-    node: its stream's consumer limit is raised to CONFIG_MAX_CONSUMERS."""
-    kv = await open_bucket(js, subjects.KV_CONFIG)
-    stream = f"KV_{subjects.KV_CONFIG}"
-    try:
-        info = await js.stream_info(stream)
-        limit = info.config.max_consumers
-        if limit is None or limit <= 0 or limit < CONFIG_MAX_CONSUMERS:
-            config = replace(info.config, max_consumers=CONFIG_MAX_CONSUMERS)
-            await js.update_stream(config)
-    except (TimeoutError, JetStreamError) as exc:
-        log.warning("%s: cannot raise the consumer limit: %s", subjects.KV_CONFIG, exc)
-    return kv
+    """The `nicfleet-config` bucket (created on first use). Agents create no consumers on
+    it (they hold no JetStream API: `aggregator.bus.desiredanswer` answers them), so its
+    stream keeps the server's default consumer limit."""
+    return await open_bucket(js, subjects.KV_CONFIG)
+
+
+# After a node's key was written: (node, KV revision, the stored value or None for a
+# delete). `aggregator.bus.desiredanswer.DesiredFeed.announce` publishes it to the agent.
+Announce = Callable[[str, int, bytes | None], Awaitable[None]]
+
+
+async def _no_announce(_node: str, _revision: int, _value: bytes | None) -> None:
+    return None
 
 
 class ConfigStore:
@@ -85,9 +80,16 @@ class ConfigStore:
     aggregator's CPU in a 10,000-node fan-out."""
 
     def __init__(
-        self, kv: KeyValue, *, concurrency: int = 64, batch: int = 256, timeout: float = 10.0
+        self,
+        kv: KeyValue,
+        *,
+        concurrency: int = 64,
+        batch: int = 256,
+        timeout: float = 10.0,
+        announce: Announce = _no_announce,
     ) -> None:
         self._kv = kv
+        self._announce = announce
         self._limit = asyncio.Semaphore(concurrency)
         self._batch = batch
         self._timeout = timeout  # for one batch's acks
@@ -118,11 +120,12 @@ class ConfigStore:
         async def delete(action: DeleteDesiredConfig) -> None:
             async with self._limit:
                 try:
-                    await self._kv.delete(subjects.node_token(action.node))
+                    revision = await self._delete(subjects.node_token(action.node))
                 except (TimeoutError, JetStreamError, OSError) as exc:
                     errors.append(f"{subjects.KV_CONFIG} {action.node}: {exc}")
                 else:
                     self.stored.pop(action.node, None)
+                    await self._announce(action.node, revision, None)
 
         async with asyncio.TaskGroup() as tasks:
             for action in actions:
@@ -132,34 +135,42 @@ class ConfigStore:
             log.warning("desired config not written: %s", error)
         return errors
 
+    async def _delete(self, key: str) -> int:
+        """`KeyValue.delete`, keeping the marker's revision (nats-py's returns a bool)."""
+        js: JetStreamContext = self._kv._js
+        ack = await js.publish(f"{self._kv._pre}{key}", headers={KV_OP: KV_DEL})
+        return ack.seq
+
     async def _put_batch(self, puts: Sequence[PutDesiredConfig]) -> list[str]:
         """Publish every put, then wait for their acks; an ack missing after `timeout` is
         an error (its publish is forgotten). `stored` changes only for acknowledged puts."""
         js: JetStreamContext = self._kv._js  # nats-py keeps these two private
         prefix: str = self._kv._pre
         errors: list[str] = []
-        sent: dict[asyncio.Future[Any], PutDesiredConfig] = {}
+        sent: dict[asyncio.Future[Any], tuple[PutDesiredConfig, bytes]] = {}
         for put in puts:
             key = subjects.node_token(put.node)
+            value = encode(put.config)
             try:
-                ack = await js.publish_async(f"{prefix}{key}", encode(put.config))
+                ack = await js.publish_async(f"{prefix}{key}", value)
             except (TimeoutError, NatsError, JetStreamError, OSError) as exc:
                 errors.append(f"{subjects.KV_CONFIG} {put.node}: {exc!r}")
                 continue
-            sent[ack] = put
+            sent[ack] = (put, value)
         if sent:
             done, late = await asyncio.wait(sent, timeout=self._timeout)
             for ack in late:
                 ack.cancel()  # frees its slot in nats-py's pending publishes
                 errors.append(
-                    f"{subjects.KV_CONFIG} {sent[ack].node}: no ack in {self._timeout:g}s"
+                    f"{subjects.KV_CONFIG} {sent[ack][0].node}: no ack in {self._timeout:g}s"
                 )
             for ack in done:
-                put = sent[ack]
+                put, value = sent[ack]
                 if ack.exception() is not None:
                     errors.append(f"{subjects.KV_CONFIG} {put.node}: {ack.exception()!r}")
                 else:
                     self.stored[put.node] = put.config
+                    await self._announce(put.node, ack.result().seq, value)
         return errors
 
 

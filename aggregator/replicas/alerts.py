@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.alerts.alertmanager import AlertmanagerSink
 from aggregator.alerts.delivery import Broker
-from aggregator.alerts.engine import AlertEngine, EventSink, Timings
+from aggregator.alerts.engine import AlertEngine, EventSink, HeardSince, Timings
 from aggregator.alerts.lifecycle import FLEET_NODE, Tracked
 from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore
@@ -252,6 +252,7 @@ async def open_sharded_alert_engine(
     timings: Timings | None,
     scope: AlertScope,
     events: EventSink | None = None,
+    heard_since: HeardSince = dict,
 ) -> AlertEngine:
     """`open_alert_engine`'s wiring with the scoped store and evaluation (no state is
     loaded here: the first cycle pauses, the second loads the scope)."""
@@ -280,6 +281,7 @@ async def open_sharded_alert_engine(
         events=events,
         timings=timings,
         clock=clock,
+        heard_since=heard_since,
     )
     scope.states = lambda: engine.states
     return engine

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Final
 
 import msgspec
@@ -22,14 +23,16 @@ from nats.js.errors import Error as JetStreamError
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from aggregator.alerts.engine import HeardSince
 from aggregator.alerts.wiring import AllRules
 from aggregator.cluster import ClusterView
 from aggregator.errors import AggregatorError, StoreError
 from aggregator.fleet.state import Fleet
-from aggregator.fleet.store import load_nodes
+from aggregator.fleet.store import StoredNode, load_nodes
 from aggregator.fleet.views import node_state
 from aggregator.replicas.partitions import ShardSettings, live_replicas, partition_of, plan
 from aggregator.replicas.summaries import ShardRules, merge_remote
+from aggregator.rules.descriptor import NOT_LOADED
 from aggregator.rules.finding import Finding
 from proto import subjects
 from proto.codec import CodecError, decode, encode
@@ -61,8 +64,14 @@ def node_subject_of(partitioned: str) -> str:
 class ShardedAllRules(AllRules):
     """`AllRules` with the peer rules judged against merged per-shard facts."""
 
-    def __init__(self, rules: ShardRules, extra: Callable[[], Sequence[Finding]] | None = None):
-        super().__init__(extra)
+    def __init__(
+        self,
+        rules: ShardRules,
+        extra: Callable[[], Sequence[Finding]] | None = None,
+        *,
+        heard_since: HeardSince = lambda: NOT_LOADED,
+    ):
+        super().__init__(extra, heard_since=heard_since)
         self.shard_rules = rules
 
     def evaluate(
@@ -70,8 +79,9 @@ class ShardedAllRules(AllRules):
     ) -> Sequence[Finding]:
         thresholds, problems = self._parsed(policies)
         found = self.shard_rules.evaluate(
-            fleet.view(), policies, cluster, now, thresholds=thresholds
-        )
+            fleet.view(), policies, cluster, now, thresholds=thresholds,
+            heard_since=self._heard_since(),
+        )  # fmt: skip
         extra = self._extra() if self._extra is not None else ()
         return [*problems, *found, *extra]
 
@@ -100,7 +110,10 @@ class ShardOwner:
         self._nc, self._settings, self._fleet, self._nodes_kv = nc, settings, fleet, nodes_kv
         self._handle, self._on_change, self._resync, self._clock = handle, on_change, resync, clock
         self.shard_rules = ShardRules(settings.partitions)
-        self.rules = ShardedAllRules(self.shard_rules, extra)
+        # Each node loaded from KV at a takeover -> when its partition's subscription went
+        # up (RuleInput.heard_since); replaced, never mutated (rules read it in a thread).
+        self.heard_since: Mapping[str, float] = NOT_LOADED
+        self.rules = ShardedAllRules(self.shard_rules, extra, heard_since=lambda: self.heard_since)
         self._kv: KeyValue | None = None
         self._subs: dict[int, Subscription] = {}
         self._seen: dict[str, tuple[int, float]] = {}  # replica -> (revision, first seen at)
@@ -239,9 +252,13 @@ class ShardOwner:
         for partition in sorted(gone):
             await self._subs.pop(partition).unsubscribe()
         if gone:
-            for name in [n for n in self._fleet.names() if self.partition(n) in gone]:
+            released = [n for n in self._fleet.names() if self.partition(n) in gone]
+            for name in released:
                 self._fleet.forget(name)
                 self._on_change(name, "released")
+            if not self.heard_since.keys().isdisjoint(released):
+                kept = {n: t for n, t in self.heard_since.items() if n not in set(released)}
+                self.heard_since = MappingProxyType(kept)
             log.info("released partitions %s", sorted(gone))
         if not new:
             return
@@ -250,21 +267,28 @@ class ShardOwner:
                 subjects.partition_subject(partition), cb=self._on_node,
                 pending_msgs_limit=200_000,
             )  # fmt: skip
-        loaded = 0
+        subscribed = self._clock()  # the SUBs are sent; the server has them a round trip later
+        found: list[StoredNode] = []
         try:
             async for stored in load_nodes(self._nodes_kv):
-                name = stored.snapshot.node
-                if self.partition(name) in new and name not in self._fleet:
-                    self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
-                    self._on_change(name, "taken-over")
-                    loaded += 1
+                if self.partition(stored.snapshot.node) in new:
+                    found.append(stored)
         except StoreError as exc:  # the agents' answers to the resync fill the fleet
             log.warning("cannot load partitions %s from KV: %s", sorted(new), exc)
         finally:
             self._resync(new)  # what was published before we subscribed is re-sent
+        # Installed without an await between: no evaluation sees a loaded record before
+        # its heard_since.
+        loaded = {s.snapshot.node: subscribed for s in found if s.snapshot.node not in self._fleet}
+        if loaded:
+            self.heard_since = MappingProxyType({**self.heard_since, **loaded})
+        for stored in found:
+            if stored.snapshot.node in loaded:
+                self._fleet.apply_snapshot(stored.snapshot, stored.received_at)
+                self._on_change(stored.snapshot.node, "taken-over")
         if not first:
             self.takeovers += len(new)
-        log.info("holding partitions %s (+%d nodes from KV)", sorted(new), loaded)
+        log.info("holding partitions %s (+%d nodes from KV)", sorted(new), len(loaded))
 
     def partition(self, name: str) -> int:
         return partition_of(subjects.node_token(name), self._settings.partitions)

@@ -15,6 +15,7 @@ from typing import Final
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet.state import NodeRecord
 from aggregator.replicas.partitions import partition_of
+from aggregator.rules.descriptor import NOT_LOADED
 from aggregator.rules.engine.incremental import IncrementalRules
 from aggregator.rules.engine.peertally import PeerTally
 from aggregator.rules.engine.registry import PEER_RULES, READS, sort_key
@@ -104,10 +105,12 @@ class ShardRules:
         now: float = 0.0,
         *,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
+        heard_since: Mapping[str, float] = NOT_LOADED,
     ) -> list[Finding]:
         local = self._node_rules.evaluate(
-            fleet, policies, cluster, now, thresholds=self._local(thresholds)
-        )
+            fleet, policies, cluster, now, thresholds=self._local(thresholds),
+            heard_since=heard_since,
+        )  # fmt: skip
         context = (policies, cluster, thresholds)
         if self._context is None or any(
             a is not b and a != b for a, b in zip(self._context, context, strict=True)

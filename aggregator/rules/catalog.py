@@ -11,7 +11,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from aggregator.rules import counters, dataquality, fleetpolicy, links, topology, versions
+from aggregator.rules import (
+    clockskew,
+    counters,
+    dataquality,
+    fleetpolicy,
+    links,
+    topology,
+    versions,
+)
 from aggregator.rules.descriptor import Rule
 
 ALL_RULES: Final[tuple[Rule, ...]] = (
@@ -21,6 +29,7 @@ ALL_RULES: Final[tuple[Rule, ...]] = (
     *versions.RULES,
     *fleetpolicy.RULES,
     *dataquality.RULES,
+    *clockskew.RULES,
 )
 RULES: Final[Mapping[str, Rule]] = MappingProxyType({r.id: r for r in ALL_RULES})
 RULE_IDS: Final[tuple[str, ...]] = tuple(r.id for r in ALL_RULES)

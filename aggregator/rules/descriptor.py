@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final, Literal
 
 from aggregator.cluster import ClusterView
@@ -25,18 +26,24 @@ Kind = Literal["node", "fleet"]
 SNAPSHOT: Final = frozenset({"snapshot"})
 COUNTERS: Final = frozenset({"counters_held"})
 _FIELDS: Final = frozenset(NodeRecord.__struct_fields__)
+NOT_LOADED: Final[Mapping[str, float]] = MappingProxyType({})  # no record came from KV
 
 
 @dataclass(frozen=True, slots=True)
 class RuleInput:
     """Everything a check may read: the fleet view (node -> record), the policies, the
-    cluster's labels, the evaluation time and every rule's settings."""
+    cluster's labels, the evaluation time and every rule's settings.
+
+    `heard_since`: node -> the moment this process could first have heard it (its node
+    subscription up, or the partition taken), for the records it installed from KV: their
+    receive times are an earlier process's. Absent: every receive time is this process's."""
 
     fleet: Mapping[str, NodeRecord]
     policies: tuple[Policy, ...]
     cluster: ClusterView
     now: float
     thresholds: Thresholds
+    heard_since: Mapping[str, float] = field(default_factory=lambda: NOT_LOADED)
 
 
 Check = Callable[[RuleInput], list[Finding]]

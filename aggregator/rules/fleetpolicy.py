@@ -18,7 +18,7 @@ from typing import Final, cast
 from aggregator.cluster import policies_by_node
 from aggregator.fleet.state import NodeRecord
 from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
-from aggregator.rules.finding import Finding
+from aggregator.rules.finding import Evidence, Finding
 from aggregator.rules.fleetfacts import is_active, majority_of, node_compute_adapters
 from aggregator.rules.peers import Facts, Peer, PeerRule, Vote
 from aggregator.rules.selection import matching_adapters
@@ -29,12 +29,22 @@ from proto.policy import Policy
 
 
 def check_agent_stale(given: RuleInput) -> list[Finding]:
+    """Silence counts from the last receive time, or from when this process could first
+    have heard the node (`heard_since`) when that is later: a record loaded from KV carries
+    an earlier process's receive time, and a restart is not the agent's silence."""
     limit = given.thresholds.param("agent-stale", "staleAfter")
+    heard_since = given.heard_since
     found: list[Finding] = []
     for node in sorted(given.fleet):
-        age = given.now - given.fleet[node].last_seen
+        last_seen = given.fleet[node].last_seen
+        heard = heard_since.get(node)
+        silent_since = last_seen if heard is None else max(last_seen, heard)
+        age = given.now - silent_since
         if age <= limit:
             continue
+        evidence: Evidence = {"last_seen": last_seen, "age_s": round(age, 3)}
+        if silent_since > last_seen:
+            evidence["heard_since"] = silent_since  # why age_s is less than now - last_seen
         found.append(
             Finding(
                 rule="agent-stale",
@@ -44,14 +54,16 @@ def check_agent_stale(given: RuleInput) -> list[Finding]:
                 message=f"No message from the agent on {node} for {age:.0f}s (limit "
                 f"{limit:g}s): check the nicfleet-agent pod and its NATS connection; its "
                 "data here is out of date.",
-                evidence={"last_seen": given.fleet[node].last_seen, "age_s": round(age, 3)},
+                evidence=evidence,
             )
         )
     return found
 
 
 def agent_stale_from(record: NodeRecord, thresholds: Thresholds) -> float:
-    """When agent-stale may start reporting `record`: never at an earlier `now`."""
+    """When agent-stale may start reporting `record`: never at an earlier `now`. A lower
+    bound: `heard_since` (not in the record) only moves it later, and the engine re-runs
+    the rule for a due node on every evaluation, where the check applies it."""
     return record.last_seen + thresholds.param("agent-stale", "staleAfter")
 
 

@@ -27,7 +27,12 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Gauge
 
 from aggregator.alerts.engine import AlertEngine
+from aggregator.api.connections import GuardedSite, log_accept_errors
+from aggregator.api.limits import HttpLimits
 from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
+from aggregator.bus import authcallout
+from aggregator.bus.calloutservice import CalloutResponder, CalloutSettings, read_issuer_seed
+from aggregator.bus.desiredanswer import DesiredFeed
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings
 from aggregator.bus.resyncrequest import ResyncRequester
 from aggregator.cluster import NO_CLUSTER, ClusterView
@@ -36,6 +41,7 @@ from aggregator.fleet.ingest import Ingest
 from aggregator.fleet.store import SnapshotWriter
 from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.kube.watch import ClusterWatcher
+from aggregator.metrics import JoinMetrics
 from aggregator.reconcile.loop import Reconciler
 from aggregator.reconcile.policies import ClusterPolicies, FilePolicies, PolicySource
 from aggregator.replicas.leader import KubeLease, LeaderElector, LeaseStore, NatsLease
@@ -90,6 +96,7 @@ class Runtime:
     validations: ValidationRunner
     token_reviewer: TokenReviewer | None  # with settings.api_token_review
     api_url: str
+    desired: DesiredFeed  # answers agents' desired-config requests
 
 
 def closing(
@@ -153,15 +160,25 @@ async def open_cluster(
 
 
 async def start_api(
-    stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int
+    stack: contextlib.AsyncExitStack,
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: HttpLimits,
 ) -> str:
-    """Serve `app` on host:port (0: any free port); the bound URL."""
-    runner = web.AppRunner(app, access_log=None)
+    """Serve `app` on host:port (0: any free port) within `limits`; the bound URL."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout)
     await runner.setup()
     closing(stack, "API", runner.cleanup)
-    site = web.TCPSite(runner, host, port)
+    stack.callback(
+        log_accept_errors(
+            asyncio.get_running_loop(), interval=limits.settings.accept_log_interval,
+            metrics=limits.metrics, guard=limits.connections,
+        )
+    )  # fmt: skip
+    site = GuardedSite(runner, host, port, limits.connections)
     await site.start()
-    bound_host, bound_port = _bound_address(site)
+    bound_host, bound_port = site.bound()
     api_url = f"http://{url_host(bound_host)}:{bound_port}"
     log.info("API listening on %s", api_url)
     return api_url
@@ -246,6 +263,53 @@ def token_reviewer(kube: KubeClient | None, review: ReviewSettings | None) -> To
     return TokenReviewer(kube.review_token, review, clock=time.monotonic)
 
 
+def callout_responder(
+    kube: KubeClient | None, settings: CalloutSettings, *, registry: CollectorRegistry
+) -> CalloutResponder:
+    """The auth-callout responder, reviewing agent tokens with this cluster's TokenReview."""
+    if kube is None:
+        raise SettingsError("the NATS auth callout needs a Kubernetes API server (settings.kube)")
+    metrics = JoinMetrics.create(registry)
+
+    async def review(token: str, audiences: tuple[str, ...]) -> authcallout.Reviewed:
+        result = await kube.review_token(token, audiences)
+        return authcallout.Reviewed(
+            authenticated=result.authenticated, username=result.username,
+            audiences=result.audiences, extra=result.extra, error=result.error,
+        )  # fmt: skip
+
+    return CalloutResponder(
+        settings=settings.join,
+        review=review,
+        issuer_seed=read_issuer_seed(settings.issuer_seed_file),
+        wall_clock=time.time,
+        on_decision=lambda decision: metrics.record(*authcallout.outcome_labels(decision)),
+    )
+
+
+async def serve_auth_callout(
+    url: str,
+    responder: CalloutResponder,
+    security: NatsClientSecurity,
+    *,
+    stop: asyncio.Event,
+) -> None:
+    """Answer the server's auth callout on a connection of its own (the callout user's
+    permissions, this process's TLS) until `stop`; established agents outlive it."""
+    nc = await nats.connect(
+        url,
+        name="nicfleet-auth-callout",
+        reconnect_time_wait=0.25,
+        max_reconnect_attempts=-1,
+        **connect_options(security),
+    )
+    log.info("answering the NATS auth callout (agents join by ServiceAccount token)")
+    try:
+        await responder.serve(nc, stop)
+    finally:
+        await close_nats(nc)
+
+
 def validation_template(path: Path) -> dict[str, Any] | None:
     try:
         return load_template(path)
@@ -271,12 +335,3 @@ def this_host_address() -> str:
 
 def no_cluster() -> ClusterView:
     return NO_CLUSTER
-
-
-def _bound_address(site: web.TCPSite) -> tuple[str, int]:
-    server = site._server  # aiohttp exposes the asyncio.Server only here
-    sockets = getattr(server, "sockets", None) or ()
-    for sock in sockets:
-        host, port = sock.getsockname()[:2]
-        return str(host), int(port)
-    raise StoreError("API server has no listening socket")

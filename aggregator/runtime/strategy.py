@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 from aiohttp import web
@@ -21,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
-from aggregator.alerts.engine import AlertEngine, Evaluate
+from aggregator.alerts.engine import AlertEngine, Evaluate, HeardSince
 from aggregator.alerts.wiring import AlertWiring, NodeEvents, open_alert_engine
 from aggregator.api.shards import add_shard_routes
 from aggregator.bus.resyncrequest import ResyncRequester
@@ -129,7 +130,9 @@ def _rebuilt(count: int) -> None:
     gc.freeze()
 
 
-async def _open_whole_alerts(wires: AlertWires) -> tuple[AlertEngine, Findings]:
+async def _open_whole_alerts(
+    wires: AlertWires, heard_since: HeardSince
+) -> tuple[AlertEngine, Findings]:
     engine = await open_alert_engine(
         nc=wires.nc,
         fleet=wires.fleet,
@@ -143,39 +146,46 @@ async def _open_whole_alerts(wires: AlertWires) -> tuple[AlertEngine, Findings]:
         events=NodeEvents(wires.kube) if wires.kube is not None else None,
         extra_findings=wires.extra,
         is_leader=wires.writes,
+        heard_since=heard_since,
     )
     return engine, lambda: engine.findings
 
 
 @dataclass(frozen=True, kw_only=True)
 class SingleReplica:
-    """Every node here: the fleet rebuilt from KV, one subscription to every node subject."""
+    """Every node here: the fleet rebuilt from KV, one subscription to every node subject.
+    `heard_since`: each node loaded from KV -> when the subscription went up (a follower
+    hears every node too, so a leader takeover moves nothing)."""
 
     planned: Fleet
     resync: ResyncRequester
+    heard_since: Mapping[str, float]
 
     @classmethod
     async def open(cls, intake: Intake) -> SingleReplica:
-        count = 0
+        loaded: list[str] = []
         async for stored in load_nodes(intake.nodes_kv):
             intake.fleet.apply_snapshot(stored.snapshot, stored.received_at)
-            count += 1
-        _rebuilt(count)
+            loaded.append(stored.snapshot.node)
+        _rebuilt(len(loaded))
         ingest = intake.ingest
 
         async def on_message(msg: Msg) -> None:
             ingest.handle(msg.subject, msg.data)
 
         await intake.nc.subscribe(subjects.NODE_WILDCARD, cb=on_message, pending_msgs_limit=200_000)
+        subscribed = intake.clock()  # the SUB is sent; the server has it a round trip later
         # Changes published while we were away (or loading) are only re-sent on request.
         intake.resync.request("start")
-        return cls(planned=intake.fleet, resync=intake.resync)
+        heard = MappingProxyType(dict.fromkeys(loaded, subscribed))
+        return cls(planned=intake.fleet, resync=intake.resync, heard_since=heard)
 
     def writes(self, leader: LeaderElector) -> Callable[[], bool]:
         return lambda: leader.is_leader
 
     async def open_alerts(self, wires: AlertWires) -> tuple[AlertEngine, Findings]:
-        return await _open_whole_alerts(wires)
+        heard = self.heard_since
+        return await _open_whole_alerts(wires, lambda: heard)
 
     def add_routes(self, app: web.Application, fleet: Fleet, computed: Findings) -> None:
         pass  # no shard routes
@@ -227,9 +237,9 @@ class ShardedReplica:
         return lambda: leader.is_leader and whole.synced
 
     async def open_alerts(self, wires: AlertWires) -> tuple[AlertEngine, Findings]:
-        if wires.rules is not None:  # given rules run whole, as on one replica
-            return await _open_whole_alerts(wires)
         shard, leader = self.shard, wires.leader
+        if wires.rules is not None:  # given rules run whole, as on one replica
+            return await _open_whole_alerts(wires, lambda: shard.heard_since)
         scope = AlertScope(
             self.partitions,
             held=lambda: shard.held,
@@ -244,6 +254,7 @@ class ShardedReplica:
             evaluate=shard.rules.evaluate,
             timings=shard.rules.timings, scope=scope,
             events=NodeEvents(wires.kube) if wires.kube is not None else None,
+            heard_since=lambda: shard.heard_since,
         )  # fmt: skip
         return engine, lambda: scope.computed  # each replica's alerts: its own nodes
 

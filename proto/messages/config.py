@@ -1,8 +1,11 @@
 """The device-plugin config the aggregator wants a node to serve (k8s-rdma-shared-dev-plugin
-format) and the `DesiredConfig` envelope it travels in.
+format), the `DesiredConfig` it is stored in (KV nicfleet-config) and the `DesiredUpdate`
+that carries a node's stored entry to its agent over core NATS (docs/wire.md).
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import msgspec
 
@@ -50,3 +53,22 @@ class DesiredConfig(
     node: str
     generation: int
     device_plugin: DevicePluginConfig = DevicePluginConfig()
+
+
+class DesiredUpdate(
+    Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.DesiredUpdate"
+):
+    """A node's entry of KV nicfleet-config, announced on `nicfleet.v1.desired.<node>` after
+    each write and sent in answer to `nicfleet.v1.desired.<node>.get`.
+
+    `revision` is the entry's KV revision (the bucket stream's sequence, so it grows with
+    every write to any key; 0: the key holds nothing, never written or history gone): an
+    agent applies an update only when it is newer than the last one it applied. `config`
+    is the stored value as is (an encoded `DesiredConfig`, decoded and validated by the
+    agent); None: the entry was deleted or never written.
+    """
+
+    version: int = MESSAGES_VERSION
+    node: str
+    revision: Annotated[int, msgspec.Meta(ge=0)] = 0
+    config: bytes | None = None

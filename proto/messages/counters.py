@@ -48,3 +48,6 @@ class CounterBatch(
     ports: tuple[PortCounters, ...] = ()
     errors: tuple[ReadError, ...] = ()  # counter files that could not be read
     base_seq: int | None = None  # delta against this full batch; None: a full batch
+    # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
+    # its own clock, the same in every message of one process; 0: an agent older than epochs.
+    epoch: int = 0

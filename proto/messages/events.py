@@ -29,3 +29,6 @@ class LinkEvent(Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfle
     new_state: str | None = None
     phys_state: str | None = None
     observed_at: float  # unix seconds, when the agent saw the change
+    # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
+    # its own clock, the same in every message of one process; 0: an agent older than epochs.
+    epoch: int = 0

@@ -37,3 +37,6 @@ class DevicePluginStatus(
     registered: bool = False
     resources: tuple[ResourceStatus, ...] = ()
     observed_at: float
+    # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
+    # its own clock, the same in every message of one process; 0: an agent older than epochs.
+    epoch: int = 0

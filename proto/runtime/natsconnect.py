@@ -1,4 +1,5 @@
-"""How a nicfleet process proves who it is to NATS: NKey seed or user/password, and TLS.
+"""How a nicfleet process proves who it is to NATS: NKey seed, user/password or a token
+file (an agent's projected ServiceAccount token, for the auth callout), and TLS.
 
 `NatsClientSecurity` holds the flags; `connect_options` turns it into keyword arguments
 for `nats.connect` (reads the files, builds the SSL context). Bad input raises one
@@ -7,6 +8,7 @@ for `nats.connect` (reads the files, builds the SSL context). Bad input raises o
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,9 @@ class NatsClientSecurity:
     nkey_seed_file: Path | None = None
     user: str | None = None
     password_file: Path | None = None
+    # A projected ServiceAccount token (audience nicfleet): read again on every (re)connect,
+    # since the kubelet rotates it (docs/security.md, "zero-touch join").
+    token_file: Path | None = None
     tls_ca: Path | None = None  # verify the server against this CA (TLS on)
     tls_cert: Path | None = None  # client certificate for mutual TLS
     tls_key: Path | None = None
@@ -64,6 +69,32 @@ def read_user_seed(path: Path, flag: str = "--nats-nkey-seed-file") -> str:
     except Exception as exc:  # nkeys raises its own unrelated error types
         raise NatsSecurityError(flag, path, f"is not a valid NKey seed: {exc}") from exc
     return text
+
+
+class TokenFile:
+    """A callable nats-py calls at every CONNECT: the file's current token.
+
+    A rotation is a rename, so a read sees the old or the new token; when the file cannot
+    be read the last token read is sent (the server refuses it once it has expired).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last = self._read()
+
+    def _read(self) -> str:
+        text = _read("--nats-token-file", self.path).decode(errors="replace").strip()
+        if not text:
+            raise NatsSecurityError("--nats-token-file", self.path, "is empty")
+        return text
+
+    def __call__(self) -> str:
+        with contextlib.suppress(NatsSecurityError):
+            self._last = self._read()
+        return self._last
+
+    def __repr__(self) -> str:  # never the token
+        return f"TokenFile({self.path})"
 
 
 def _tls_context(security: NatsClientSecurity) -> ssl.SSLContext | None:
@@ -101,6 +132,12 @@ def connect_options(
     if security.nkey_seed_file is not None:
         read_user_seed(security.nkey_seed_file)
         options["nkeys_seed"] = str(security.nkey_seed_file)
+    if security.token_file is not None:
+        if security.nkey_seed_file is not None or security.user is not None:
+            raise NatsSecurityError(
+                "--nats-token-file", security.token_file, "use it alone, not with a seed or user"
+            )
+        options["token"] = TokenFile(security.token_file)
     if security.password_file is not None and security.user is None:
         raise NatsSecurityError("--nats-password-file", security.password_file, "needs --nats-user")
     if security.user is not None:

@@ -23,6 +23,9 @@ _OPTIONS = (
                  help="NKey user seed (SU...) to authenticate to NATS with "
                  "(`nicfleet-aggregator nats-auth` writes them)."),
     click.option("--nats-user", help="NATS user name (instead of an NKey seed)."),
+    click.option("--nats-token-file", type=_FILE,
+                 help="Token to authenticate with, read again at every reconnect: the "
+                 "agent's projected ServiceAccount token for the aggregator's auth callout."),
     click.option("--nats-password-file", type=_FILE, help="File holding --nats-user's password."),
     click.option("--nats-tls-ca", type=_FILE,
                  help="CA file to verify the NATS server with (turns TLS on)."),
@@ -43,6 +46,7 @@ def nats_security_options(command: Callable[..., None]) -> Callable[..., None]:
         nats_nkey_seed_file: Path | None,
         nats_user: str | None,
         nats_password_file: Path | None,
+        nats_token_file: Path | None,
         nats_tls_ca: Path | None,
         nats_tls_cert: Path | None,
         nats_tls_key: Path | None,
@@ -53,6 +57,7 @@ def nats_security_options(command: Callable[..., None]) -> Callable[..., None]:
             nkey_seed_file=nats_nkey_seed_file,
             user=nats_user,
             password_file=nats_password_file,
+            token_file=nats_token_file,
             tls_ca=nats_tls_ca,
             tls_cert=nats_tls_cert,
             tls_key=nats_tls_key,

@@ -80,7 +80,9 @@ def read_tree(root: Path, node: str) -> dict[str, Any]:
 class AggregatorProcess:
     """`python -m aggregator run` as a child process; `kill()` is SIGKILL."""
 
-    def __init__(self, nats_url: str, work: Path, name: str) -> None:
+    def __init__(
+        self, nats_url: str, work: Path, name: str, *, extra: tuple[str, ...] = ()
+    ) -> None:
         self.ready_file = work / f"{name}.ready"
         self.log = work / f"{name}.log"
         self._args = [
@@ -88,6 +90,7 @@ class AggregatorProcess:
             "--nats-url", nats_url,
             "--listen", "127.0.0.1:0",
             "--ready-file", str(self.ready_file),
+            *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 

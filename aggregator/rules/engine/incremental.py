@@ -22,7 +22,7 @@ from aggregator.errors import AggregatorError
 from aggregator.fleet.state import NodeRecord
 from aggregator.rules.catalog import RULE_IDS
 from aggregator.rules.counterbase import same_counter_inputs
-from aggregator.rules.descriptor import RuleInput
+from aggregator.rules.descriptor import NOT_LOADED, RuleInput
 from aggregator.rules.engine.duetimes import DueNodes
 from aggregator.rules.engine.peertally import PeerTally
 from aggregator.rules.engine.registry import (
@@ -84,6 +84,7 @@ class IncrementalRules:
         self._out = SortedFindings()
         self.rebuilds = 0  # full recomputations (first call, policies/cluster/thresholds)
         self._abandon: Callable[[], bool] = lambda: False
+        self._heard_since: Mapping[str, float] = NOT_LOADED
 
     def evaluate(
         self,
@@ -93,12 +94,18 @@ class IncrementalRules:
         now: float = 0.0,
         *,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
+        heard_since: Mapping[str, float] = NOT_LOADED,
         abandon: Callable[[], bool] = lambda: False,
     ) -> list[Finding]:
-        """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...)` returns.
+        """What `registry.evaluate(fleet, policies, cluster, now, thresholds=...,
+        heard_since=...)` returns.
 
-        `abandon` is asked between rules; when it answers True, raises `Abandoned`."""
+        `heard_since` (RuleInput) is read only by time rules, which re-run for every due
+        node on each call (their due times are lower bounds), so it is not context: a new
+        mapping starts nothing over. `abandon` is asked between rules; when it answers
+        True, raises `Abandoned`."""
         self._abandon = abandon
+        self._heard_since = heard_since
         try:
             return self._evaluate(fleet, policies, cluster, now, thresholds)
         except BaseException:
@@ -280,7 +287,9 @@ class IncrementalRules:
 
     def _check_local(self, rule: str, names: list[str]) -> dict[str, list[Finding]]:
         fleet, cluster = self._sub(names)
-        given = RuleInput(fleet, self._policies, cluster, self._now, self._thresholds)
+        given = RuleInput(
+            fleet, self._policies, cluster, self._now, self._thresholds, self._heard_since
+        )
         by_node: dict[str, list[Finding]] = {}
         for f in CHECKS[rule](given):
             if f.node not in fleet:
@@ -365,7 +374,8 @@ class IncrementalRules:
 
     def _publish(self, enabled: frozenset[str]) -> None:
         failing = frozenset(rule for rule, keys in self._broken.items() if keys and rule in enabled)
-        given = RuleInput(self._fleet, self._policies, self._cluster, self._now, self._thresholds)
+        given = RuleInput(self._fleet, self._policies, self._cluster, self._now,
+                          self._thresholds, self._heard_since)  # fmt: skip
         for rule in failing:  # a rule that raised: its data-quality finding, as `evaluate`'s
             self._set_unit((None, rule, True), _dedup(run_rule(rule, given)))
         for rule in self._failing - failing:

@@ -16,7 +16,7 @@ from typing import Final
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet.state import Fleet, NodeRecord
 from aggregator.rules.catalog import ALL_RULES, RULES, SEVERITY_ORDER
-from aggregator.rules.descriptor import Check, RuleInput
+from aggregator.rules.descriptor import NOT_LOADED, Check, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.peers import PeerRule
 from aggregator.rules.settings import Thresholds
@@ -76,9 +76,10 @@ def evaluate(
     now: float = 0.0,
     *,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    heard_since: Mapping[str, float] = NOT_LOADED,
 ) -> list[Finding]:
     """All findings of every enabled rule; one per (rule, node, subject)."""
-    given = RuleInput(fleet, policies, cluster, now, thresholds)
+    given = RuleInput(fleet, policies, cluster, now, thresholds, heard_since)
     found: dict[tuple[str, str | None, str], Finding] = {}
     for rule in ALL_RULES:
         if not thresholds.enabled(rule.id):

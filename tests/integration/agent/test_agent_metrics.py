@@ -1,6 +1,7 @@
 """`nicfleet-agent run --metrics-addr` as a real process: /metrics follows the live agent
 (NATS connection, published messages, collection time) and a garbage desired config in
-KV nicfleet-config raises the rejected counter while a good one is applied."""
+KV nicfleet-config, relayed by the aggregator's responder, raises the rejected counter while
+a good one is applied."""
 
 from __future__ import annotations
 
@@ -9,19 +10,18 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from aggregator.bus.natsserver import NatsServer
-from proto import subjects
 from proto.codec import encode
-from tests.integration.agent.test_desired_config import desired
+from tests.integration.agent.test_desired_config import desired, feeding
 from tests.support.faults import AgentProcess
 from tests.support.waits import wait_until
 
@@ -58,9 +58,9 @@ async def test_scrape_a_running_agent_and_count_a_rejected_desired_config(
     agent = AgentProcess(
         own_nats.url, root, node, work=tmp_path, plugin_dir=short_dir / "device-plugins"
     )
-    nc = await nats.connect(own_nats.url)
+    feeds = AsyncExitStack()  # the aggregator's side of desired config
+    feeder = await feeds.enter_async_context(feeding(own_nats.url))
     try:
-        kv = await nc.jetstream().create_key_value(bucket=subjects.KV_CONFIG, history=1)
         agent.start()
         await wait_until(lambda: agent.metrics_url() is not None, timeout=20, what="metrics up")
         url = agent.metrics_url()
@@ -86,13 +86,13 @@ async def test_scrape_a_running_agent_and_count_a_rejected_desired_config(
             assert value(text, rejected) == 0
             assert value(text, "nicfleet_agent_collection_duration_seconds", kind="snapshot") > 0
 
-            await kv.put(subjects.node_token(node), b"\x93garbage")
+            await feeder.put_raw(node, b"\x93garbage")
 
             async def rejected_once() -> bool:
                 return value(await scrape(), rejected) == 1
 
             await wait_until(rejected_once, timeout=20, what="the garbage counted")
-            await kv.put(subjects.node_token(node), encode(desired(node, 3, hca_max=2)))
+            await feeder.put_raw(node, encode(desired(node, 3, hca_max=2)))
             applied = "nicfleet_agent_device_plugin_configs_applied_total"
 
             async def applied_once() -> bool:
@@ -112,4 +112,4 @@ async def test_scrape_a_running_agent_and_count_a_rejected_desired_config(
                 assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
     finally:
         await asyncio.to_thread(agent.stop)
-        await nc.close()
+        await feeds.aclose()

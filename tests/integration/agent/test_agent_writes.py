@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,10 +30,10 @@ from agent.lab.hotplug import STASH, device_add, device_remove
 from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from aggregator.bus.natsserver import NatsServer
-from proto import subjects
 from proto.codec import encode
 from proto.dpconfig import ConfigError, resource_full_name, validate_device_plugin_config
 from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from tests.integration.agent.test_desired_config import feeding
 from tests.support.kubelet import KubeletEmulator
 from tests.support.paths import REPO
 from tests.support.waits import wait_until
@@ -257,10 +256,9 @@ async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
     log = short_dir / "audit.jsonl"
     before = tree_digest(sysfs)
 
-    nc = await nats.connect(own_nats.url)
-    js = nc.jetstream()
-    kv = await js.create_key_value(bucket=subjects.KV_CONFIG, history=1)
-    await kv.put(subjects.node_token(NODE), desired(1, 2))
+    feeds = contextlib.AsyncExitStack()  # the aggregator's side of desired config
+    feeder = await feeds.enter_async_context(feeding(own_nats.url))
+    await feeder.put_raw(NODE, desired(1, 2))  # before the agent: it asks at start
 
     args = audited(short_dir, ["run", "--nats-url", own_nats.url,
             "--sysfs-root", str(sysfs), "--node-name", NODE, "--verbs", "off",
@@ -283,7 +281,7 @@ async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
 
             # A desired-config change; its kubeletRootDir (upstream's field) must not move
             # where the agent writes: only the command line chooses directories.
-            await kv.put(subjects.node_token(NODE), desired(2, 5, str(elsewhere)))
+            await feeder.put_raw(NODE, desired(2, 5, str(elsewhere)))
             await plugin.wait_list(lambda r: len(r.devices) == 5, timeout=30)
 
             port_down(sysfs, "mlx5_1", 1)
@@ -298,7 +296,7 @@ async def test_the_agent_writes_only_its_sockets_and_cdi_spec_never_sysfs(
         try:
             stderr = await stopped(process, log)
         finally:
-            await nc.close()
+            await feeds.aclose()
     assert process.returncode == 0, stderr.decode()[-2000:]
 
     allowed = (plugins, registry, cdi)

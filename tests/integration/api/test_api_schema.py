@@ -31,6 +31,7 @@ from aggregator.alerts.metrics import AlertMetrics
 from aggregator.api.alerts import StreamSettings, add_alert_routes
 from aggregator.api.app import ApiSettings, build_app
 from aggregator.api.auth import ApiAuth, load_token_file
+from aggregator.api.limits import HttpLimits, HttpLimitSettings
 from aggregator.cluster import ClusterView
 from aggregator.fleet.changefeed import ChangeFeed
 from aggregator.fleet.state import Fleet
@@ -99,16 +100,19 @@ def live_app(*, auth: ApiAuth | None, with_report: bool) -> web.Application:
         nodes=(NodePlan(node="gpu-001", policy="ib"), NodePlan(node="gpu-002", policy=None)),
         errors=("policy 'broken': spec.resources[0]: missing resourceName",),
     )
+    registry = CollectorRegistry()
+    limits = HttpLimits.create(HttpLimitSettings(), registry)  # the service's bounds
     app = build_app(
         fleet=fleet,
         settings=ApiSettings(stale_after=STALE_AFTER),
         readiness=Readiness(),
         clock=clock,
-        metrics=CollectorRegistry(),
+        metrics=registry,
         policies=policies,
         cluster_source=lambda: cluster,
         policy_report=(lambda: report) if with_report else None,
         auth=auth,
+        limits=limits,
     )
 
     def rules(
@@ -127,7 +131,7 @@ def live_app(*, auth: ApiAuth | None, with_report: bool) -> web.Application:
         broker=Broker(first_id=1),
         clock=clock,
     )
-    add_alert_routes(app, engine=engine, settings=StreamSettings(heartbeat_s=0.2))
+    add_alert_routes(app, engine=engine, settings=StreamSettings(heartbeat_s=0.2), limits=limits)
 
     async def evaluate_once(app: web.Application) -> None:
         await engine.cycle("test")

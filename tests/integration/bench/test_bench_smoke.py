@@ -81,6 +81,9 @@ EXPECTED_KEYS: Final[dict[str, frozenset[str]]] = {
     ),
     "kv_failover": frozenset({"benchmark", "runs", "write_resumed_s", "smoke"}),
     "kv_writes": frozenset({"nodes", "snapshot_bytes", "flush_s", "writes_per_s", "smoke"}),
+    "agent_join": frozenset(
+        {"benchmark", "agents", "review_ms", "first_join", "rejoin_cached", "smoke"}
+    ),
 }
 
 

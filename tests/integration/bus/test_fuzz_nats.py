@@ -1,12 +1,12 @@
 """Hostile NATS payloads: hypothesis feeds the aggregator's Ingest (and the agent's desired
-config decoder) valid messages of every kind, random bytes, truncations, type confusion,
+config updates and decoder) valid messages of every kind, random bytes, truncations, type confusion,
 deep nesting, huge arrays, oversize payloads, bad subjects and node mismatches. Nothing
 raises, every rejection is counted by reason, good messages around bad ones all apply."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from agent.bus.desired import DesiredConfigWatcher
+from agent.bus.desiredorder import Via
 from aggregator.bus.natsserver import NatsServer
 from aggregator.fleet.ingest import Ingest
 from aggregator.fleet.state import Fleet, Ignored
@@ -27,7 +28,13 @@ from proto import subjects
 from proto.codec import MAX_PAYLOAD, decode, encode
 from proto.dpconfig import validate_device_plugin_config
 from proto.inventory import NodeSnapshot
-from proto.messages.config import DesiredConfig, DevicePluginConfig, ResourceConfig, Selectors
+from proto.messages.config import (
+    DesiredConfig,
+    DesiredUpdate,
+    DevicePluginConfig,
+    ResourceConfig,
+    Selectors,
+)
 from proto.messages.counters import CounterBatch
 from proto.messages.events import LinkEvent
 from proto.messages.status import DevicePluginStatus
@@ -272,7 +279,7 @@ def test_good_messages_interleaved_with_bad_ones_are_all_applied(
     assert dirty.total("nicfleet_ingest_messages_total") == len(good)
 
 
-# --- the agent's consumed input: DesiredConfig from KV ---------------------------------
+# --- the agent's consumed input: DesiredConfig from KV, in a DesiredUpdate -------------
 
 
 def good_desired(generation: int) -> bytes:
@@ -306,19 +313,27 @@ def big_payload(which: str) -> bytes:
     return nested(100_000, as_map=True) if which == "deep" else b"\x90" * (MAX_PAYLOAD + 1)
 
 
-@dataclass
-class Entry:
-    """What the watcher reads from a KV watch (nats-py's KeyValue.Entry fields used)."""
-
-    revision: int
-    value: bytes | None
-    operation: str | None = None
+def update(revision: int, config: bytes | None, node: str = NODE) -> bytes:
+    return encode(DesiredUpdate(node=node, revision=revision, config=config))
 
 
-async def entries(items: list[bytes]) -> AsyncIterator[Entry | None]:
-    yield None  # end of initial values
-    for revision, value in enumerate(items, start=1):
-        yield Entry(revision=revision, value=value)
+def hostile_message() -> st.SearchStrategy[tuple[str, bytes]]:
+    """What may arrive on the node's desired subject: a KV value that is garbage inside a
+    well-formed update (the aggregator relays the KV as it is), garbage instead of the
+    update itself, or an update for another node."""
+    return st.one_of(
+        hostile_desired().map(lambda b: ("inner", b)),
+        hostile_desired().map(lambda b: ("whole", b)),
+        st.just(("other-node", good_desired(9))),
+    )
+
+
+def wire(revision: int, kind: str, payload: bytes) -> bytes:
+    if kind == "inner":
+        return update(revision, payload)
+    if kind == "other-node":
+        return update(revision, payload, node="fuzz-02")
+    return payload
 
 
 def watcher(on_config: Callable[[DesiredConfig | None], None]) -> DesiredConfigWatcher:
@@ -328,30 +343,39 @@ def watcher(on_config: Callable[[DesiredConfig | None], None]) -> DesiredConfigW
 @FUZZ
 @given(payload=hostile_desired())
 def test_desired_config_garbage_is_rejected_or_fully_valid(payload: bytes) -> None:
-    w = watcher(lambda _c: None)
-    config = w._decode(payload)
-    if config is None:
-        assert w.rejected == 1
-    else:  # only a config that passes the agent's own validator gets through
-        assert config.node == NODE
-        validate_device_plugin_config(config.device_plugin, source="test")
+    for via in Via:
+        w = watcher(lambda _c: None)
+        config = w._decode(payload)
+        if config is None:
+            assert w.rejected == 1
+        else:  # only a config that passes the agent's own validator gets through
+            assert config.node == NODE
+            validate_device_plugin_config(config.device_plugin, source="test")
+        handed: list[DesiredConfig | None] = []
+        w = watcher(handed.append)
+        w._receive(update(1, payload), via)  # the same bytes as a relayed KV value
+        assert handed == ([] if config is None else [config])
+        assert w.rejected == (1 if config is None else 0)
 
 
 @settings(FUZZ, max_examples=15)
 @given(
-    bad=st.lists(hostile_desired(), min_size=1, max_size=5),
+    bad=st.lists(hostile_message(), min_size=1, max_size=5),
     slots=st.lists(st.integers(0, 8), min_size=3, max_size=3),
 )
-def test_garbage_in_kv_never_reaches_the_device_plugin(bad: list[bytes], slots: list[int]) -> None:
+def test_garbage_in_kv_never_reaches_the_device_plugin(
+    bad: list[tuple[str, bytes]], slots: list[int]
+) -> None:
     applied: list[DesiredConfig | None] = []
     w = watcher(applied.append)
     goods = [good_desired(g) for g in (1, 2, 3)]
-    stream = list(bad)
+    stream: list[tuple[str, bytes]] = list(bad)
     last = -1
     for good, slot in zip(goods, slots, strict=True):
         last = max(min(slot, len(stream)), last + 1)
-        stream.insert(last, good)
-    asyncio.run(w._read(entries(stream)))  # type: ignore[arg-type]
+        stream.insert(last, ("inner", good))
+    for revision, (kind, payload) in enumerate(stream, start=1):  # as announced, in order
+        w._receive(wire(revision, kind, payload), Via.ANNOUNCED)
     wanted = [decode(g, DesiredConfig) for g in goods]
     assert [c for c in applied if c in wanted] == wanted  # garbage may be valid, never lost
     for config in applied:

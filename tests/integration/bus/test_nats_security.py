@@ -1,6 +1,8 @@
 """NATS authentication, authorization and mutual TLS on a real nats-server started with the
 config `nicfleet-aggregator nats-auth` writes: anonymous clients are refused, an agent
-cannot speak for another node nor read its config, and the whole pipeline still works.
+cannot speak for another node nor read its config, holds no JetStream API (no consumer
+flood, no API answer aimed at another subject), cannot make the aggregator answer into
+another inbox, and the whole pipeline still works.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import nats
 import pytest
 import trustme
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from agent.bus.desired import DesiredConfigWatcher, DesiredSettings
 from agent.service import AgentService, AgentSettings
@@ -27,10 +29,11 @@ from aggregator.bus.permissions import ServerTls
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto import subjects
 from proto.codec import decode, encode
-from proto.messages.config import DesiredConfig, DevicePluginConfig
+from proto.messages.config import DesiredConfig, DesiredUpdate, DevicePluginConfig
 from proto.messages.control import ResyncRequest
 from proto.runtime.natsconnect import NatsClientSecurity, agent_inbox_prefix, connect_options
 from proto.runtime.natsflush import flush_in_order
+from tests.integration.agent.test_desired_config import feeding
 from tests.integration.agent.test_pipeline import lab_node
 from tests.support import builders
 from tests.support.waits import wait_until
@@ -232,66 +235,201 @@ def desired(node: str, generation: int) -> DesiredConfig:
     return DesiredConfig(node=node, generation=generation, device_plugin=DevicePluginConfig())
 
 
-async def test_agent_reads_only_its_own_config_key(server: NatsServer, keys: Provisioned) -> None:
-    security = NatsClientSecurity(nkey_seed_file=keys.aggregator_seed)
-    async with client(server.url, security) as admin:
-        kv = await admin.jetstream().create_key_value(bucket=subjects.KV_CONFIG, history=1)
-        await kv.put(subjects.node_token(NODE_A), encode(desired(NODE_A, 1)))
-        await kv.put(subjects.node_token(NODE_B), encode(desired(NODE_B, 7)))
+def aggregator_security(keys: Provisioned) -> NatsClientSecurity:
+    return NatsClientSecurity(nkey_seed_file=keys.aggregator_seed)
 
-        seen: list[DesiredConfig | None] = []
-        watcher = DesiredConfigWatcher(
-            node=NODE_A,
-            url=server.url,
-            on_config=seen.append,
-            settings=DesiredSettings(retry_initial=0.05, retry_max=0.2),
-            security=agent_security(keys, NODE_A),
-        )
+
+def refusals(errors: Errors) -> int:
+    return sum("permissions violation for publish" in s.lower() for s in errors.seen)
+
+
+async def only_the_barrier(sub: Subscription, barrier: bytes) -> None:
+    """The subscription's next message is `barrier`, sent after the attack: nothing the
+    attack caused arrived first."""
+    msg = await sub.next_msg(timeout=5)
+    assert msg.data == barrier, (msg.subject, msg.data[:200])
+
+
+async def test_agent_reads_only_its_own_config(server: NatsServer, keys: Provisioned) -> None:
+    seen: list[DesiredConfig | None] = []
+    watcher = DesiredConfigWatcher(
+        node=NODE_A,
+        url=server.url,
+        on_config=seen.append,
+        settings=DesiredSettings(retry_initial=0.05, retry_max=0.2),
+        security=agent_security(keys, NODE_A),
+    )
+    errors = Errors()
+    async with (
+        feeding(server.url, security=aggregator_security(keys)) as feeder,
+        client(server.url, agent_security(keys, NODE_A), node=NODE_A, errors=errors) as nc,
+    ):
+        await feeder.put(desired(NODE_A, 1))
+        await feeder.put(desired(NODE_B, 7))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(stop))
             try:
                 await wait_until(lambda: seen == [desired(NODE_A, 1)], what="A's own config")
-                await kv.put(subjects.node_token(NODE_A), encode(desired(NODE_A, 2)))
-                await kv.delete(subjects.node_token(NODE_A))
+                await feeder.put(desired(NODE_A, 2))
+                await feeder.delete(NODE_A)
                 await wait_until(lambda: len(seen) == 3, what="update and delete")
                 assert seen[1:] == [desired(NODE_A, 2), None]
             finally:
                 stop.set()
 
-    errors = Errors()
-    async with client(server.url, agent_security(keys, NODE_A), node=NODE_A, errors=errors) as nc:
-        js = nc.jetstream(timeout=1.0)
-        b_key = f"$KV.{subjects.KV_CONFIG}.{subjects.node_token(NODE_B)}"
-        with pytest.raises((TimeoutError, NatsError)):  # named consumer on B's key
-            await js.subscribe(b_key, stream=CONFIG_STREAM, config=ConsumerConfig(name="peek"))
-        with pytest.raises((TimeoutError, NatsError)):  # what kv.watch() would do
-            await js.add_consumer(
-                CONFIG_STREAM,
-                ConsumerConfig(filter_subject=b_key, deliver_subject=nc.new_inbox()),
-            )
+        # A, as a plain client of its own credential, trying for B's config.
+        b_pushes = await nc.subscribe(subjects.desired_subject(NODE_B))
+        every = await nc.subscribe(subjects.DESIRED_WILDCARD)
+        own = await nc.subscribe(subjects.desired_subject(NODE_A))
+        await nc.publish(subjects.desired_get_subject(NODE_B), b"", reply=nc.new_inbox())
+        forged = DesiredUpdate(node=NODE_B, revision=10**9, config=encode(desired(NODE_B, 99)))
+        await nc.publish(subjects.desired_subject(NODE_B), encode(forged))  # only the aggregator
         with pytest.raises((TimeoutError, NatsError)):
-            await (await js.key_value(subjects.KV_CONFIG)).get(subjects.node_token(NODE_B))
-        # The subject A may use, with B's key in the request body: the server checks both.
-        a_key = f"$KV.{subjects.KV_CONFIG}.{subjects.node_token(NODE_A)}"
-        body = {
-            "stream_name": CONFIG_STREAM,
-            "config": {
-                "name": "sneak",
-                "filter_subject": b_key,
-                "deliver_subject": nc.new_inbox(),
-                "deliver_policy": DeliverPolicy.LAST_PER_SUBJECT.value,
-                "ack_policy": "none",
-            },
-        }
-        reply = await nc.request(
-            f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.sneak.{a_key}",
-            json.dumps(body).encode(),
-            timeout=2,
+            await (await nc.jetstream(timeout=1.0).key_value(subjects.KV_CONFIG)).get(
+                subjects.node_token(NODE_B)
+            )
+        await flush_in_order(nc)
+        await feeder.put(desired(NODE_B, 8))  # announced on B's subject
+        await feeder.put(desired(NODE_A, 3))  # then on A's: the barrier
+        barrier = await own.next_msg(timeout=5)
+        assert decode(barrier.data, DesiredUpdate).node == NODE_A
+        for sub in (b_pushes, every):
+            with pytest.raises(TimeoutError):
+                await sub.next_msg(timeout=0.01)  # B's announcement came before the barrier
+        await wait_until(
+            lambda: (
+                errors.has(f'subscription to "{subjects.desired_subject(NODE_B)}"')
+                and errors.has(f'subscription to "{subjects.DESIRED_WILDCARD}"')
+                and errors.has(f'publish to "{subjects.desired_get_subject(NODE_B)}"')
+                and errors.has(f'publish to "{subjects.desired_subject(NODE_B)}"')
+                and errors.has('publish to "$JS.API.')
+            ),
+            what="B's subject, every node's subject, B's request and JetStream all refused",
         )
-        answer: dict[str, Any] = json.loads(reply.data)
-        assert "did not match filtered subject" in answer["error"]["description"], answer
-        await wait_until(lambda: errors.has("Permissions Violation"), what="refusals reported")
+        assert feeder.count("nicfleet_desired_requests_refused_total", reason="reply") == 0
+        assert nc.is_connected
+
+
+async def test_agent_cannot_create_jetstream_consumers(
+    server: NatsServer, keys: Provisioned
+) -> None:
+    errors = Errors()
+    async with (
+        client(server.url, aggregator_security(keys)) as admin,
+        client(server.url, agent_security(keys, NODE_A), node=NODE_A, errors=errors) as nc,
+    ):
+        js = admin.jetstream()
+        await js.create_key_value(bucket=subjects.KV_CONFIG, history=1)
+        await js.create_key_value(bucket=subjects.KV_NODES, history=1)
+        before = (await js.account_info()).consumers
+        own_key = f"$KV.{subjects.KV_CONFIG}.{subjects.node_token(NODE_A)}"
+        config = {"ack_policy": "none", "deliver_subject": nc.new_inbox(), "mem_storage": True}
+        attempts: list[tuple[str, dict[str, Any]]] = [
+            # The named create filtered on its own key: what agents were granted before.
+            (f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}.flood-{i}.{own_key}",
+             {"name": f"flood-{i}", "filter_subject": own_key, **config})
+            for i in range(FLOOD)
+        ]  # fmt: skip
+        attempts += [
+            (f"$JS.API.CONSUMER.DURABLE.CREATE.{CONFIG_STREAM}.stay", {"durable_name": "stay"}),
+            (f"$JS.API.CONSUMER.CREATE.{CONFIG_STREAM}", config),  # unnamed
+            (f"$JS.API.CONSUMER.CREATE.KV_{subjects.KV_NODES}.x", {"name": "x", **config}),
+            ("$JS.API.STREAM.CREATE.MINE", {"name": "MINE", "subjects": ["mine.>"]}),
+        ]
+        for subject, body in attempts:
+            stream = subject.split(".")[4]
+            payload = {"stream_name": stream, "config": {"deliver_policy": "all", **body}}
+            await nc.publish(subject, json.dumps(payload).encode(), reply=nc.new_inbox())
+        await flush_in_order(nc)
+        await wait_until(lambda: refusals(errors) >= len(attempts), what="every create refused")
+        assert refusals(errors) == len(attempts)
+        info = await js.account_info()
+        assert info.consumers == before
+        assert info.streams == 2
+        assert nc.is_connected
+
+
+FLOOD = 200
+
+
+async def test_agent_cannot_aim_jetstream_answers_at_other_subjects(
+    server: NatsServer, keys: Provisioned
+) -> None:
+    errors = Errors()
+    observer = NatsClientSecurity(nkey_seed_file=keys.observer_seeds["pager"])
+    alert = subjects.alert_subject("critical", "port-down", NODE_B)
+    b_snapshot = subjects.node_subject(NODE_B, subjects.SNAPSHOT)
+    async with (
+        client(server.url, aggregator_security(keys)) as admin,
+        client(server.url, observer) as pager,
+        client(server.url, agent_security(keys, NODE_B), node=NODE_B) as agent_b,
+        client(server.url, agent_security(keys, NODE_A), node=NODE_A, errors=errors) as nc,
+    ):
+        await admin.jetstream().create_key_value(bucket=subjects.KV_CONFIG, history=1)
+        targets = {
+            b_snapshot: await admin.subscribe(b_snapshot),
+            alert: await pager.subscribe(alert),
+            subjects.CONTROL_RESYNC: await agent_b.subscribe(subjects.CONTROL_RESYNC),
+        }
+        for conn in (admin, pager, agent_b):
+            await flush_in_order(conn)
+        api = ("$JS.API.INFO", f"$JS.API.STREAM.INFO.{CONFIG_STREAM}", "$JS.API.STREAM.NAMES")
+        for target in targets:
+            for subject in api:
+                await nc.publish(subject, b"", reply=target)
+        await flush_in_order(nc)
+        await wait_until(lambda: refusals(errors) >= len(targets) * len(api), what="refusals")
+        await agent_b.publish(b_snapshot, b"barrier")
+        await admin.publish(alert, b"barrier")
+        await admin.publish(subjects.CONTROL_RESYNC, b"barrier")
+        for sub in targets.values():
+            await only_the_barrier(sub, b"barrier")
+        assert nc.is_connected
+
+
+async def test_aggregator_answers_desired_requests_only_into_the_askers_inbox(
+    server: NatsServer, keys: Provisioned
+) -> None:
+    observer = NatsClientSecurity(nkey_seed_file=keys.observer_seeds["pager"])
+    alert = subjects.alert_subject("critical", "port-down", NODE_A)
+    b_inbox = f"{agent_inbox_prefix(NODE_B)}.stolen.1"
+    async with (
+        aggregator(server.url, keys) as service,
+        client(server.url, aggregator_security(keys)) as admin,
+        client(server.url, observer) as pager,
+        client(server.url, agent_security(keys, NODE_B), node=NODE_B) as agent_b,
+        client(server.url, agent_security(keys, NODE_A), node=NODE_A) as nc,
+    ):
+        kv = await admin.jetstream().key_value(subjects.KV_CONFIG)  # the service made it
+        await kv.put(subjects.node_token(NODE_A), encode(desired(NODE_A, 1)))
+        targets = {
+            b_inbox: await agent_b.subscribe(b_inbox),
+            alert: await pager.subscribe(alert),
+            subjects.CONTROL_RESYNC: await agent_b.subscribe(subjects.CONTROL_RESYNC),
+        }
+        for conn in (pager, agent_b):
+            await flush_in_order(conn)
+        for target in targets:  # the server lets these through: A may ask for its own
+            await nc.publish(subjects.desired_get_subject(NODE_A), b"", reply=target)
+        honest = await nc.request(subjects.desired_get_subject(NODE_A), b"", timeout=5)
+        update = decode(honest.data, DesiredUpdate)
+        assert update.node == NODE_A and update.config is not None
+        assert decode(update.config, DesiredConfig) == desired(NODE_A, 1)
+
+        def refused() -> float:
+            sample = service.metrics.registry.get_sample_value(
+                "nicfleet_desired_requests_refused_total", {"reason": "reply"}
+            )
+            return sample or 0.0
+
+        await wait_until(lambda: refused() == len(targets), what="forged replies refused")
+        await admin.publish(b_inbox, b"barrier")
+        await admin.publish(alert, b"barrier")
+        await admin.publish(subjects.CONTROL_RESYNC, b"barrier")
+        for sub in targets.values():
+            await only_the_barrier(sub, b"barrier")
+        assert refused() == len(targets)
 
 
 @pytest.fixture(scope="module")

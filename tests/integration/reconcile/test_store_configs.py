@@ -100,3 +100,28 @@ async def test_puts_while_the_server_is_down_time_out_as_errors(own_nats: NatsSe
         assert store.stored == {}
     finally:
         await nc.close()
+
+
+async def test_every_acknowledged_write_is_announced_with_its_revision(
+    client: Client, kv: KeyValue
+) -> None:
+    heard: list[tuple[str, int, bytes | None]] = []
+
+    async def announce(node: str, revision: int, value: bytes | None) -> None:
+        heard.append((node, revision, value))
+
+    store = ConfigStore(kv, batch=2, announce=announce)
+    assert await store.apply([put("gpu-a"), put("gpu-b"), put("gpu-c")]) == []
+    assert sorted(n for n, _, _ in heard) == ["gpu-a", "gpu-b", "gpu-c"]
+    for node, revision, value in heard:
+        entry = await kv.get(subjects.node_token(node))
+        assert (entry.revision, entry.value) == (revision, value)  # what the KV holds
+    assert await store.apply([DeleteDesiredConfig(node="gpu-b")]) == []
+    node, revision, value = heard[-1]
+    assert (node, value) == ("gpu-b", None) and revision > max(r for _, r, _ in heard[:3])
+    await client.jetstream().delete_key_value(kv._name)  # nobody acknowledges now
+    try:
+        assert len(await store.apply([put("gpu-a", 2)])) == 1
+        assert len(heard) == 4  # a write that failed is not announced
+    finally:
+        await open_bucket(client.jetstream(), kv._name)

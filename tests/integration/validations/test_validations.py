@@ -275,9 +275,10 @@ async def test_bad_json_unknown_ids_and_no_cluster(nats_server: NatsServer) -> N
         validation_stack(nats_server.url, with_cluster=False) as stack,
         httpx.AsyncClient(base_url=stack.url) as http,
     ):
-        bad = await http.post("/api/v1/validations", content=b"{nodes:")
+        as_json = {"Content-Type": "application/json"}  # no tokens: JSON only (docs/security.md)
+        bad = await http.post("/api/v1/validations", content=b"{nodes:", headers=as_json)
         assert (bad.status_code, bad.json()["error"]["field"]) == (400, "body")
-        huge = await http.post("/api/v1/validations", content=b" " * 5000)
+        huge = await http.post("/api/v1/validations", content=b" " * 5000, headers=as_json)
         assert (huge.status_code, huge.json()["error"]["field"]) == (400, "body")
         missing = await http.get("/api/v1/validations/abc")
         assert (missing.status_code, missing.json()["error"]["field"]) == (404, "id")

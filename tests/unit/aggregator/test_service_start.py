@@ -35,13 +35,22 @@ def closed(caplog: pytest.LogCaptureFixture) -> list[str]:
         pytest.param(
             None,
             OSError,
-            ["closed API", "closed NATS connection", "closed embedded nats-server"],
+            [
+                "closed API",
+                "closed desired-config answers",
+                "closed NATS connection",
+                "closed embedded nats-server",
+            ],
             id="api-address-taken",
         ),
         pytest.param(
             ReviewSettings(read_groups=("viewers",)),
             SettingsError,
-            ["closed NATS connection", "closed embedded nats-server"],
+            [
+                "closed desired-config answers",
+                "closed NATS connection",
+                "closed embedded nats-server",
+            ],
             id="token-review-without-cluster",
         ),
     ],

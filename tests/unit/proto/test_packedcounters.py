@@ -122,7 +122,7 @@ def test_whole_number_rates_travel_as_ints_and_decode_as_floats() -> None:
     assert rates == {"counters/port_rcv_data": 2.5, "hw_counters/np_cnp_sent": 0.0, "rx_bytes": 8.0}
     assert all(type(r) is float for r in rates.values())
     raw = msgspec.msgpack.decode(encode(batch()))
-    assert 0 in raw[-2][0][8]  # ports[0].rate_values holds int 0 for 0.0
+    assert 0 in raw[9][0][8]  # ports[0].rate_values holds int 0 for 0.0
 
 
 def test_checked_in_packed_payload_still_decodes() -> None:
@@ -132,8 +132,8 @@ def test_checked_in_packed_payload_still_decodes() -> None:
 
 def test_extra_trailing_elements_of_a_newer_agent_are_ignored() -> None:
     raw = msgspec.msgpack.decode(encode(batch()))
-    raw[-2][0].append("future port field")
-    raw[-3][0].append([1, 2])  # a future layout field
+    raw[9][0].append("future port field")
+    raw[8][0].append([1, 2])  # a future layout field
     raw.append({"future": "batch field"})
     assert decode(msgspec.msgpack.encode(raw), CounterBatch) == batch()
 
@@ -348,3 +348,13 @@ def test_a_batch_decodes_clean_exactly_when_no_port_has_a_value_to_look_at(
     assert (type(ingested) is CleanPackedCounterBatch) == all(map(_nothing_to_look_at, ports))
     assert isinstance(ingested, PackedCounterBatch)
     assert encode(unpack(ingested)) == encode(message)
+
+
+def test_the_epoch_travels_last_and_a_batch_without_it_decodes_as_epoch_0() -> None:
+    # docs/wire.md "Ordering": appended after `errors`, so older decoders ignore it.
+    stamped = batch(epoch=1_800_000_000_123_456_789)
+    raw = msgspec.msgpack.decode(encode(stamped))
+    assert raw[-1] == 1_800_000_000_123_456_789
+    assert decode(encode(stamped), CounterBatch) == stamped
+    assert decode_counters(encode(stamped)).epoch == stamped.epoch
+    assert decode(msgspec.msgpack.encode(raw[:-1]), CounterBatch).epoch == 0

@@ -61,3 +61,27 @@ def test_alert_subject_uses_node_token() -> None:
         subjects.alert_subject("critical", "port-down", "a.b")
         == "nicfleet.v1.alert.critical.port-down.a_b"
     )
+
+
+def test_desired_subjects_are_one_node_token_and_neither_wildcard_matches_the_other() -> None:
+    assert subjects.desired_subject("rack1.gpu-01") == "nicfleet.v1.desired.rack1_gpu-01"
+    get = subjects.desired_get_subject("rack1.gpu-01")
+    assert get == "nicfleet.v1.desired.rack1_gpu-01.get"
+    assert subjects.parse_desired_get_subject(get) == "rack1.gpu-01"
+    assert len(subjects.DESIRED_WILDCARD.split(".")) == 4
+    assert len(subjects.DESIRED_GET_WILDCARD.split(".")) == len(get.split(".")) == 5
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "nicfleet.v1.desired.gpu-01",
+        "nicfleet.v1.desired.gpu-01.put",
+        "nicfleet.v1.desired.GPU.get",
+        "nicfleet.v1.node.gpu-01.get",
+        "nicfleet.v1.desired.a.b.get",
+    ],
+)
+def test_parse_desired_get_subject_rejects_others(subject: str) -> None:
+    with pytest.raises(ValueError, match=r"desired\.<node>\.get|DNS-1123"):
+        subjects.parse_desired_get_subject(subject)

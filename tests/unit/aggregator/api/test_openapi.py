@@ -138,15 +138,18 @@ def test_every_operation_declares_its_status_codes() -> None:
     doc = document({("GET", p) for p in OPERATIONS})
     responses = {p: ops["get"]["responses"] for p, ops in doc["paths"].items()}  # type: ignore[attr-defined]
     codes = {p: set(r) for p, r in responses.items()}
-    assert codes["/api/v1/nodes/{node}"] == {"200", "400", "404"}
-    assert codes["/api/v1/trace"] == {"200", "400", "404"}
+    assert codes["/api/v1/nodes/{node}"] == {"200", "400", "404", "503"}
+    assert codes["/api/v1/trace"] == {"200", "400", "404", "503"}
     assert codes["/readyz"] == {"200", "400", "503"}
     for path in ("/healthz", "/metrics", "/api/v1/policy", "/api/v1/openapi.json"):
-        assert codes[path] == {"200", "400"}, path
+        assert codes[path] == {"200", "400", "503"}, path
         assert set(responses[path]["400"]["content"]) == {"text/plain"}, path
     for path in ("/api/v1/nodes", "/api/v1/findings", "/api/v1/alerts", "/api/v1/resources"):
-        assert codes[path] == {"200", "400"}, path
+        assert codes[path] == {"200", "400", "503"}, path
         assert set(responses[path]["400"]["content"]) == {"application/json", "text/plain"}
+    # 503: any route may meet a bound of aggregator.api.limits; /readyz keeps its own reason.
+    assert all("Retry-After" in r["503"]["description"] for r in responses.values())
+    assert responses["/readyz"]["503"]["description"].startswith("Not ready")
     sse = responses["/api/v1/alerts/stream"]["200"]["content"]
     assert set(sse) == {"text/event-stream"}
     assert set(responses["/metrics"]["200"]["content"]) == {"text/plain; version=0.0.4"}
@@ -160,6 +163,18 @@ def test_token_review_adds_403_and_503_to_protected_operations() -> None:
             assert not codes & {"401", "403"}, path
         else:
             assert {"401", "403", "503"} <= codes, path
+
+
+def test_the_post_declares_its_bounds_and_the_no_token_refusals() -> None:
+    route = {("POST", "/api/v1/validations")}
+    open_post = document(route)["paths"]["/api/v1/validations"]["post"]["responses"]  # type: ignore[index]
+    assert {"400", "403", "408", "415", "503"} <= set(open_post)
+    assert "deeper than 16 levels" in open_post["400"]["description"]
+    assert "4096 bytes" in open_post["400"]["description"]
+    assert "Origin" in open_post["403"]["description"]
+    secured = document(route, secured=True)["paths"]["/api/v1/validations"]["post"]["responses"]  # type: ignore[index]
+    assert "415" not in secured  # with tokens a cross-site page has no credential to send
+    assert secured["403"]["description"] == "POST needs an admin token."
 
 
 def _refs(node: object) -> list[str]:

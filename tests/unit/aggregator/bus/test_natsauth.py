@@ -47,12 +47,12 @@ KEY = public_key(new_user_seed())
         pytest.param(
             Identity(Role.AGENT, KEY, "gpu-01"),
             Permissions(
-                publish_allow=(
-                    "nicfleet.v1.node.gpu-01.>",
-                    "$JS.API.STREAM.INFO.KV_nicfleet-config",
-                    "$JS.API.CONSUMER.CREATE.KV_nicfleet-config.*.$KV.nicfleet-config.gpu-01",
+                publish_allow=("nicfleet.v1.node.gpu-01.>", "nicfleet.v1.desired.gpu-01.get"),
+                subscribe_allow=(
+                    "_INBOX.gpu-01.>",
+                    "nicfleet.v1.control.resync",
+                    "nicfleet.v1.desired.gpu-01",
                 ),
-                subscribe_allow=("_INBOX.gpu-01.>", "nicfleet.v1.control.resync"),
             ),
             id="agent",
         ),
@@ -61,10 +61,13 @@ KEY = public_key(new_user_seed())
             Permissions(
                 publish_allow=(
                     "nicfleet.v1.node.rack1_gpu-01.>",
-                    "$JS.API.STREAM.INFO.KV_nicfleet-config",
-                    "$JS.API.CONSUMER.CREATE.KV_nicfleet-config.*.$KV.nicfleet-config.rack1_gpu-01",
+                    "nicfleet.v1.desired.rack1_gpu-01.get",
                 ),
-                subscribe_allow=("_INBOX.rack1_gpu-01.>", "nicfleet.v1.control.resync"),
+                subscribe_allow=(
+                    "_INBOX.rack1_gpu-01.>",
+                    "nicfleet.v1.control.resync",
+                    "nicfleet.v1.desired.rack1_gpu-01",
+                ),
             ),
             id="agent-dotted-node-is-one-token",
         ),
@@ -79,6 +82,8 @@ KEY = public_key(new_user_seed())
                     "nicfleet.v1.alert.>",
                     "nicfleet.v1.control.resync",
                     "nicfleet.v1.shard.*.summary",
+                    "nicfleet.v1.desired.*",
+                    "_INBOX.>",
                 ),
                 publish_deny=("nicfleet.v1.node.>", "nicfleet.v1.part.>"),
                 subscribe_allow=(
@@ -87,6 +92,7 @@ KEY = public_key(new_user_seed())
                     "nicfleet.v1.part.>",
                     "nicfleet.v1.shard.*.summary",
                     "nicfleet.v1.validation.*",
+                    "nicfleet.v1.desired.*.get",
                 ),
             ),
             id="aggregator-never-publishes-node-subjects",
@@ -105,6 +111,16 @@ def test_permissions_per_role(identity: Identity, expected: Permissions) -> None
 def test_agent_inbox_matches_its_subscribe_permission() -> None:
     assert agent_permissions("a.b").subscribe_allow[0] == f"{agent_inbox_prefix('a.b')}.>"
     assert not any(s.startswith("nicfleet.v1.node") for s in aggregator_permissions().publish_allow)
+
+
+def test_agents_hold_no_jetstream_api_and_only_their_own_desired_subjects() -> None:
+    agent = agent_permissions("gpu-01", partitioned=True)
+    granted = (*agent.publish_allow, *agent.subscribe_allow)
+    assert not any(s.startswith(("$JS", "$KV", "$SYS", ">", "*")) for s in granted)
+    assert not any("*" in s.split(".")[3:4] for s in granted if "desired" in s)
+    aggregator = aggregator_permissions()
+    assert "nicfleet.v1.desired.*" in aggregator.publish_allow  # 4 tokens: not the .get
+    assert "nicfleet.v1.desired.*.get" in aggregator.subscribe_allow
 
 
 def test_resync_requests_flow_from_the_aggregator_to_agents_only() -> None:

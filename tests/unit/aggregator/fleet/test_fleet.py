@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from aggregator.fleet.state import MAX_EVENTS, Fleet, NodeRecord, is_newer
+from aggregator.fleet import ordering
+from aggregator.fleet.state import MAX_EVENTS, Fleet, NodeRecord
 from aggregator.fleet.views import describe, node_state, summarize
 from proto.compact import inventory_only
 from proto.inventory import NodeSnapshot
@@ -34,8 +35,14 @@ def port_of(
         pytest.param((5, T0), (5, T0 + 1), True, id="same-seq-newer-collection"),
     ],
 )
-def test_is_newer(stored: tuple[int, float], incoming: tuple[int, float], accepted: bool) -> None:
-    assert is_newer(incoming[0], incoming[1], stored[0], stored[1]) is accepted
+def test_legacy_order(
+    stored: tuple[int, float], incoming: tuple[int, float], accepted: bool
+) -> None:
+    # Agents older than epochs (epoch 0): a higher seq or a later collection, as before.
+    order = ordering.order_seq(
+        incoming[0], incoming[1], T0 + 100, stored[0], stored[1], T0 + 100, legacy=True
+    )
+    assert (order is ordering.Order.NEWER) is accepted
 
 
 @pytest.mark.parametrize(

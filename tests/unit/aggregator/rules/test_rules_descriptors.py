@@ -11,7 +11,15 @@ from typing import get_args
 import pytest
 
 from aggregator.cluster import NO_CLUSTER
-from aggregator.rules import counters, dataquality, fleetpolicy, links, topology, versions
+from aggregator.rules import (
+    clockskew,
+    counters,
+    dataquality,
+    fleetpolicy,
+    links,
+    topology,
+    versions,
+)
 from aggregator.rules.catalog import ALL_RULES, RULE_IDS, RULES, SEVERITY_ORDER
 from aggregator.rules.descriptor import COUNTERS, SNAPSHOT, Family, Rule, RuleInput
 from aggregator.rules.engine.registry import (
@@ -36,6 +44,7 @@ FAMILIES = (
     (versions, "versions"),
     (fleetpolicy, "fleet"),
     (dataquality, "data"),
+    (clockskew, "data"),
 )
 BY_ID = [pytest.param(rule, id=rule.id) for rule in ALL_RULES]
 
@@ -124,11 +133,12 @@ def test_counter_keys_belong_to_rules_reading_counters_alone() -> None:
     assert rule.counter_keys == frozenset({"counters/x"})
 
 
-def test_rule_input_is_one_frozen_struct_of_five_fields() -> None:
+def test_rule_input_is_one_frozen_struct_of_six_fields() -> None:
     assert [f.name for f in dataclasses.fields(RuleInput)] == [
-        "fleet", "policies", "cluster", "now", "thresholds",
+        "fleet", "policies", "cluster", "now", "thresholds", "heard_since",
     ]  # fmt: skip
     given = RuleInput({}, (), NO_CLUSTER, T0, DEFAULT_THRESHOLDS)
+    assert given.heard_since == {}  # no record loaded from KV: receive times are this process's
     with pytest.raises(dataclasses.FrozenInstanceError):
         given.now = T0 + 1  # type: ignore[misc]
 
