@@ -206,14 +206,14 @@ def _check_metrics_addr(
     "device_plugin_enabled",
     is_flag=True,
     help="Run the kubelet device plugin even without --device-plugin-config: its config "
-    "then comes from the aggregator (KV nicfleet-config).",
+    "then comes from the aggregator (nicfleet.v1.desired.<node>).",
 )
 @click.option(
     "--desired-config/--no-desired-config",
     default=True,
     show_default=True,
-    help="With the device plugin on, watch this node's desired config in KV "
-    "nicfleet-config; once present it wins over --device-plugin-config.",
+    help="With the device plugin on, follow this node's desired config from the "
+    "aggregator (core NATS, no JetStream); once present it wins over --device-plugin-config.",
 )
 @click.option(
     "--device-plugin-dir",

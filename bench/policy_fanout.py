@@ -1,12 +1,14 @@
 """Benchmark: policy change -> every one of N simulated agents reports the new config applied.
 
 One real nats-server, one `nicfleet-aggregator run --policy FILE` process and N lightweight
-simulated agents (asyncio tasks spread over --procs processes; each watches its own key of
-KV nicfleet-config and publishes a DevicePluginStatus with the new generation, no real
-device plugin). The policy file is rewritten --changes times; per change the latency of
-each node (file written -> its status with the new generation received here) and the CPU
-seconds of the aggregator and nats-server are recorded. `--tree DIR` runs the aggregator of
-another source tree (A/B); `--profile OUT` records it with py-spy during the changes.
+simulated agents (bench/fanout_agents.py: asyncio tasks spread over --procs processes; each
+follows its desired config over core NATS like agent/bus/desired.py — its own
+nicfleet.v1.desired.<token>, one .get answered into _INBOX.<token>. — and publishes a
+DevicePluginStatus with the new rdmaHcaMax, no real device plugin). The policy file is
+rewritten --changes times; per change the latency of each node (file written -> its status
+with the new config received here) and the CPU seconds of the aggregator and nats-server
+are recorded. `--tree DIR` runs the aggregator of another source tree (A/B; the agents stay
+this tree's); `--profile OUT` records it with py-spy during the changes.
 Never a test. Run: .venv/bin/python bench/policy_fanout.py [--json]
 """
 
@@ -17,7 +19,6 @@ import asyncio
 import json
 import os
 import platform
-import secrets
 import signal
 import statistics
 import subprocess
@@ -31,26 +32,19 @@ from typing import Any, Final
 
 import nats
 import yaml
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.kv import KV_MARKER_REASON, KV_OP
 
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.bus.desired import CONFIG_STREAM  # noqa: E402
+from fanout_agents import sim_main  # noqa: E402
+
 from aggregator.bus.natsserver import NatsServer, NatsServerSettings  # noqa: E402
 from proto import subjects  # noqa: E402
-from proto.codec import decode, encode  # noqa: E402
-from proto.messages.config import DesiredConfig  # noqa: E402
-from proto.messages.status import DevicePluginStatus, ResourceStatus  # noqa: E402
+from proto.codec import decode  # noqa: E402
+from proto.messages.config import DesiredConfig, DesiredUpdate  # noqa: E402
+from proto.messages.status import DevicePluginStatus  # noqa: E402
 
 TARGET_P99_S: Final = 2.0
-RESOURCE: Final = "rdma/bench"
-AGENTS_PER_CONNECTION: Final = 100
-
-
-def node_name(i: int) -> str:
-    return f"sim-{i:05d}"
 
 
 def policy_text(hca_max: int) -> str:
@@ -69,82 +63,6 @@ def policy_text(hca_max: int) -> str:
             },
         }
     )  # fmt: skip
-
-
-# --- simulated agents (run in child processes) ----------------------------------------
-
-
-async def sim_agent(
-    nc: nats.NATS, node: str, ready: asyncio.Event, count: list[int], setup: asyncio.Semaphore
-) -> None:
-    """Like agent/bus/desired.py: a named consumer filtered on the node's own key (last value,
-    then updates, no acks); the callback reports the new generation at once."""
-    subject = subjects.node_subject(node, subjects.STATUS)
-    token = subjects.node_token(node)
-
-    async def report(generation: int, advertised: int) -> None:
-        status = DevicePluginStatus(
-            node=node,
-            config_generation=generation,
-            registered=True,
-            resources=(ResourceStatus(name=RESOURCE, advertised=advertised, healthy=advertised,
-                                      registration="registered"),),
-            observed_at=time.time(),
-        )  # fmt: skip
-        await nc.publish(subject, encode(status))
-
-    async def on_entry(msg: Any) -> None:
-        if msg.headers and (msg.headers.get(KV_OP) or msg.headers.get(KV_MARKER_REASON)):
-            return  # a delete or purge
-        if not msg.data:
-            return
-        desired = decode(msg.data, DesiredConfig)
-        await report(desired.generation, desired.device_plugin.config_list[0].rdma_hca_max)
-
-    await report(0, 0)  # makes the node known to the aggregator
-    config = ConsumerConfig(
-        name=f"desired-{token}-{secrets.token_hex(4)}",
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-        ack_policy=AckPolicy.NONE,
-        inactive_threshold=30.0,
-        mem_storage=True,
-        num_replicas=1,
-    )
-    while True:  # thousands of consumers created at once time out the JetStream API: pace
-        try:
-            async with setup:
-                await nc.jetstream().subscribe(
-                    f"$KV.{subjects.KV_CONFIG}.{token}", stream=CONFIG_STREAM, config=config,
-                    cb=on_entry,
-                )  # fmt: skip
-            break
-        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError, TimeoutError):
-            await asyncio.sleep(0.2)
-    count[0] += 1
-    if count[0] == count[1]:
-        ready.set()
-
-
-async def sim_main(url: str, first: int, count: int, ready_file: Path) -> None:
-    ready = asyncio.Event()
-    watching = [0, count]
-    setup = asyncio.Semaphore(16)
-    conns = [
-        await nats.connect(url, max_reconnect_attempts=-1)
-        for _ in range(0, count, AGENTS_PER_CONNECTION)
-    ]
-    async with asyncio.TaskGroup() as tasks:
-        for i in range(count):
-            nc = conns[i // AGENTS_PER_CONNECTION]
-            tasks.create_task(sim_agent(nc, node_name(first + i), ready, watching, setup))
-        await ready.wait()
-        touch(ready_file)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task():
-                task.cancel()
 
 
 # --- the measuring side ---------------------------------------------------------------
@@ -180,6 +98,22 @@ def reconcile_totals(api_url: str) -> tuple[float, float]:
     return found["count"], found["sum"]
 
 
+def desired_feed_totals(api_url: str) -> dict[str, float]:
+    """The aggregator's desired-config feed counters (0 for a tree without the feed): that
+    the agents asked and were answered, and that nothing was refused."""
+    with urllib.request.urlopen(f"{api_url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {"answered": 0.0, "refused": 0.0, "announced": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        for part, metric in (("answered", "nicfleet_desired_requests_answered_total"),
+                             ("refused", "nicfleet_desired_requests_refused_total{"),
+                             ("announced", "nicfleet_desired_announced_total")):  # fmt: skip
+            if name == metric or (metric.endswith("{") and name.startswith(metric)):
+                found[part] += float(value)
+    return found
+
+
 def nats_server_pid() -> int:
     """The nats-server this process started (NatsServer does not expose its pid)."""
     found = subprocess.run(["pgrep", "-P", str(os.getpid()), "nats-server"],
@@ -189,10 +123,6 @@ def nats_server_pid() -> int:
 
 def exists(path: Path) -> bool:
     return path.exists()
-
-
-def touch(path: Path) -> None:
-    path.write_text("ok")
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -241,13 +171,25 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 arrivals[status.node] = time.time()
 
         await nc.subscribe(subjects.NODE_WILDCARD.replace(".*.*", ".*.status"), cb=on_status)
+        announced: dict[str, float] = {}  # --split: when the node's announcement was seen
+
+        async def on_announced(msg: Any) -> None:
+            update = decode(msg.data, DesiredUpdate)
+            if update.config is not None and update.node not in announced:
+                config = decode(update.config, DesiredConfig)
+                if config.device_plugin.config_list[0].rdma_hca_max >= target[0]:
+                    announced[update.node] = time.time()
+
+        if args.split:
+            await nc.subscribe(subjects.DESIRED_WILDCARD, cb=on_announced)
         per_proc = -(-args.agents // args.procs)
         started = time.monotonic()
         for p in range(args.procs):
             first, count = p * per_proc, min(per_proc, args.agents - p * per_proc)
             ready = work / f"sim-{p}.ready"
             procs.append(spawn(
-                [sys.executable, __file__, "--sim", server.url, str(first), str(count), str(ready)],
+                [sys.executable, __file__, "--sim", server.url, str(first), str(count), str(ready),
+                 str(args.per_connection)],
             ))  # fmt: skip
         for p in range(args.procs):
             await wait_file(work / f"sim-{p}.ready", procs[1 + p], 300 + args.agents / 20)
@@ -258,6 +200,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for change in range(args.changes):
             generation = change + 2
             arrivals.clear()
+            announced.clear()
             target[0] = generation
             t0 = time.time()
             cpu0 = cpu_s(aggregator_pid), cpu_s(server_pid)
@@ -267,6 +210,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             tmp.replace(policy)
             await wait_all(latest, args.agents, generation, timeout=60 + args.agents / 50)
             lat = [arrivals[n] - t0 for n in arrivals]
+            sent = sorted(announced[n] - t0 for n in announced)
             await asyncio.sleep(args.pause)  # let the fleet settle between changes
             rounds = await asyncio.to_thread(reconcile_totals, api_url)
             changes.append({
@@ -278,6 +222,10 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "reconcile_rounds": int(rounds[0] - rounds0[0]),
                 "reconcile_s": round(rounds[1] - rounds0[1], 3),
             })  # fmt: skip
+            if sent:  # file written -> the aggregator's announcement seen here (--split)
+                changes[-1] |= {"announced_p50_s": round(quantile(sent, 0.5), 3),
+                                "announced_all_s": round(sent[-1], 3)}  # fmt: skip
+        feed = await asyncio.to_thread(desired_feed_totals, api_url)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
             spy.wait(timeout=60)
@@ -294,6 +242,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {
         "agents": args.agents,
         "sim_processes": args.procs,
+        "agents_per_connection": args.per_connection,
         "changes": changes,
         "median_p50_s": round(statistics.median(c["p50_s"] for c in changes), 3),
         "median_p99_s": round(statistics.median(c["p99_s"] for c in changes), 3),
@@ -304,6 +253,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "median_nats_server_cpu_s": statistics.median(c["nats_server_cpu_s"] for c in changes),
         "median_reconcile_rounds": statistics.median(c["reconcile_rounds"] for c in changes),
         "median_reconcile_s": statistics.median(c["reconcile_s"] for c in changes),
+        "desired_feed": feed,
         "tree": str(args.tree),
         "target_p99_s": TARGET_P99_S,
         "setup_s": round(setup_s, 1),
@@ -344,7 +294,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="py-spy raw profile of the aggregator "
         "during the changes (summary: bench/aggregator_restart.py --summarize)",
     )
-    parser.add_argument("--sim", nargs=4, metavar=("URL", "FIRST", "COUNT", "READY"),
+    parser.add_argument(
+        "--per-connection",
+        type=int,
+        default=100,
+        help="simulated agents per NATS connection (1: each its own, with its node's inbox "
+        "prefix, as the real agent connects)",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also time the aggregator's announcements (file written -> announcement seen), "
+        "splitting the latency into aggregator and agent side; adds decoding to this process",
+    )
+    parser.add_argument("--sim", nargs=5, metavar=("URL", "FIRST", "COUNT", "READY", "PER"),
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument(
         "--smoke",
@@ -357,8 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.set_defaults(**SMOKE)
         args = parser.parse_args(argv)
     if args.sim:
-        url, first, count, ready = args.sim
-        asyncio.run(sim_main(url, int(first), int(count), Path(ready)))
+        url, first, count, ready, per_conn = args.sim
+        asyncio.run(sim_main(url, int(first), int(count), Path(ready), int(per_conn)))
         return 0
     with tempfile.TemporaryDirectory(prefix="nicfleet-fanout-") as tmp:
         report = asyncio.run(measure(args, Path(tmp)))

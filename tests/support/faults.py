@@ -64,9 +64,10 @@ def duplicates(alerts: list[Alert]) -> dict[tuple[str, str], int]:
 
 
 def comparable(snapshot: NodeSnapshot) -> dict[str, Any]:
-    """The snapshot as builtins, without what differs per publish (seq, time, version)."""
+    """The snapshot as builtins, without what differs per publish or process (seq, time,
+    version, the agent process's epoch)."""
     doc: dict[str, Any] = msgspec.to_builtins(snapshot)
-    for key in ("seq", "collected_at", "agent_version"):
+    for key in ("seq", "collected_at", "agent_version", "epoch"):
         doc.pop(key, None)
     return doc
 

@@ -85,9 +85,12 @@ async def publish(nats_url: str, node: str, kind: str, payload: bytes) -> None:
         await nc.close()
 
 
-def plugin_status(node: str, devices: tuple[str, ...] = BEST) -> DevicePluginStatus:
+def plugin_status(
+    node: str, devices: tuple[str, ...] = BEST, *, epoch: int = 0
+) -> DevicePluginStatus:
     """What an agent's device plugin reports: rdma/ib on the eight compute NICs (or the
-    given ones)."""
+    given ones), as the agent process `epoch` (the aggregator follows one process per node:
+    docs/wire.md, "Ordering")."""
     served = ResourceStatus(
         name=RESOURCE,
         advertised=8 * len(devices),
@@ -101,6 +104,7 @@ def plugin_status(node: str, devices: tuple[str, ...] = BEST) -> DevicePluginSta
         registered=True,
         resources=(served,),
         observed_at=time.time(),
+        epoch=epoch,
     )
 
 
@@ -131,10 +135,11 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
     roce_root = lab_node(tmp_path, "roce-cx6dx", ROCE_NODE)
     async with AsyncExitStack() as stack:
         agg = await stack.enter_async_context(aggregator(settings(own_nats.url)))
-        await stack.enter_async_context(agent(own_nats.url, ib_root, IB_NODE))
+        ib_agent = await stack.enter_async_context(agent(own_nats.url, ib_root, IB_NODE))
         await stack.enter_async_context(agent(own_nats.url, roce_root, ROCE_NODE))
         await wait_until(lambda: {IB_NODE, ROCE_NODE} <= set(agg.fleet.names()), what="nodes")
-        await publish(own_nats.url, IB_NODE, subjects.STATUS, encode(plugin_status(IB_NODE)))
+        status = plugin_status(IB_NODE, epoch=ib_agent.epoch)
+        await publish(own_nats.url, IB_NODE, subjects.STATUS, encode(status))
         await wait_until(
             lambda: (r := agg.fleet.get(IB_NODE)) is not None and r.device_plugin is not None,
             what="device-plugin status",
@@ -228,9 +233,8 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
 
         # The trace: the API's links in its order and statuses, green and red. The resource
         # narrowed to the faulted adapter (one resource per rail), so the chain breaks.
-        await publish(
-            own_nats.url, IB_NODE, subjects.STATUS, encode(plugin_status(IB_NODE, ("mlx5_3",)))
-        )
+        narrowed = plugin_status(IB_NODE, ("mlx5_3",), epoch=ib_agent.epoch)
+        await publish(own_nats.url, IB_NODE, subjects.STATUS, encode(narrowed))
         await wait_until(
             lambda: (
                 (r := agg.fleet.get(IB_NODE)) is not None

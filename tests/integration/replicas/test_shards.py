@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import nats
 import pytest
 import yaml
@@ -241,14 +242,19 @@ def replica_processes(
 async def simulated_agents(urls: list[str], requests: list[ResyncRequest]) -> AsyncIterator[None]:
     """Every node's snapshot, published through the 3 servers at start and again on each
     resync request that names its partition, or every partition (what real agents do,
-    agent.bus.republish); the requests are recorded."""
-    snapshots = {name: encode(lab_snapshot(name)) for name in NODES}
+    agent.bus.republish); the requests are recorded. Like a real agent, each answer is a
+    fresh collection: the next seq, stamped now (a replayed stamp reads as a clock behind)."""
+    snapshots = {name: lab_snapshot(name) for name in NODES}
     agents = [await nats.connect(url) for url in urls]
 
     async def publish(names: list[str]) -> None:
         for i, name in enumerate(names):
+            old = snapshots[name]
+            snapshots[name] = fresh = msgspec.structs.replace(
+                old, seq=old.seq + 1, collected_at=time.time()
+            )
             await agents[i % 3].publish(subjects.node_subject(name, subjects.SNAPSHOT),
-                                        snapshots[name])  # fmt: skip
+                                        encode(fresh))  # fmt: skip
 
     async def answer(msg: Msg) -> None:
         request = decode(msg.data, ResyncRequest)
