@@ -34,6 +34,7 @@ MAX_CACHED: Final = 16384
 # nats-server gives the callout 2 s per request: with 1,000 joins at once and a 20 ms
 # TokenReview, 64 at a time answer the last one in ~0.3 s (bench/agent_join.py).
 MAX_CONCURRENT_REVIEWS: Final = 64
+REFUSAL_LOG_EVERY_S: Final = 60.0
 
 Review = Callable[[str, tuple[str, ...]], Awaitable[Reviewed]]
 # Several aggregator replicas answer as one: the server takes one answer per request.
@@ -111,6 +112,25 @@ class CalloutResponder:
         self._inflight: dict[bytes, asyncio.Future[Decision]] = {}
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REVIEWS)
         self.reviews = 0  # calls made to `review`
+        # Per refusal reason: when it was last logged, and how many were not logged since.
+        self._refusals_logged: dict[Reason, tuple[float, int]] = {}
+
+    def _log_refusal(self, request: authcallout.AuthRequest, decision: Refused, now: float) -> None:
+        """One line per reason per REFUSAL_LOG_EVERY_S (a flood of bad tokens must not flood
+        the log: the metric counts every one), naming how many were not logged."""
+        last, quiet = self._refusals_logged.get(decision.reason, (None, 0))
+        if last is not None and now - last < REFUSAL_LOG_EVERY_S:
+            self._refusals_logged[decision.reason] = (last, quiet + 1)
+            return
+        self._refusals_logged[decision.reason] = (now, 0)
+        log.warning(
+            "refused NATS join from %s (client %r): %s: %s%s",
+            request.client_host or "?",
+            request.client_name,
+            decision.reason,
+            decision.message,
+            f" ({quiet} more refusals for this reason not logged)" if quiet else "",
+        )
 
     def __repr__(self) -> str:
         return f"CalloutResponder(issuer={self.issuer}, cached={len(self._cache.entries)})"
@@ -126,13 +146,7 @@ class CalloutResponder:
         decision = await self.decide(request.token)
         self._on_decision(decision)
         if isinstance(decision, Refused):
-            log.warning(
-                "refused NATS join from %s (client %r): %s: %s",
-                request.client_host or "?",
-                request.client_name,
-                decision.reason,
-                decision.message,
-            )
+            self._log_refusal(request, decision, now)
             text = authcallout.response_jwt(
                 request, issuer=self.issuer, signer=self._signer, now=now, error=decision.message
             )

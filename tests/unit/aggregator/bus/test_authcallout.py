@@ -148,11 +148,11 @@ def test_cache_never_outlives_the_token(decision: Any, exp: float, until: float)
     assert authcallout.cache_until(decision, claims, SETTINGS, now=NOW) == until
 
 
-def signed_request(server: Any, **nats: Any) -> str:
+def signed_request(server: Any, *, exp: float = NOW + 2, **nats: Any) -> str:
     body = {
         "aud": "nats-authorization-request",
         "iss": server.public_key.decode(),
-        "exp": int(NOW + 2),
+        "exp": int(exp),
         "nats": {
             "type": "authorization_request",
             "server_id": {"id": server.public_key.decode()},
