@@ -28,6 +28,7 @@ from agent.deviceplugin.advertised import (
     DEFAULT_PLUGINS_REGISTRY_DIR,
     DevicePluginSettings,
 )
+from agent.deviceplugin.checkconfig import device_plugin
 from agent.deviceplugin.configsource import config_sources
 from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
@@ -40,7 +41,7 @@ from agent.metrics.collector import parse_metrics_addr
 from agent.service import AgentService, AgentSettings, with_verbs
 from agent.verify.cli import verify
 from proto.codec import to_json
-from proto.dpconfig import ConfigError, parse_device_plugin_config
+from proto.dpconfig import ConfigError, parse_device_plugin_resources
 from proto.runtime.cliopts import log_options, output_option
 from proto.runtime.logs import LogFormat, configure_logging, tag_node
 from proto.runtime.natsconnect import NatsClientSecurity
@@ -311,7 +312,8 @@ def _check_run_flags(flags: RunFlags) -> None:
     if flags.device_plugin_config is not None:
         path = flags.device_plugin_config
         try:  # a config that is broken at start is an error; later edits are only logged
-            parse_device_plugin_config(path.read_bytes(), source=str(path))
+            # Invalid entries are served around (and reported) once running, as upstream.
+            parse_device_plugin_resources(path.read_bytes(), source=str(path))
         except (OSError, ConfigError) as exc:
             _fail(f"--device-plugin-config: {exc}")
 
@@ -368,3 +370,4 @@ async def _serve(settings: AgentSettings) -> None:
 
 main.add_command(lab)
 main.add_command(verify)
+main.add_command(device_plugin)

@@ -20,10 +20,12 @@ checks this tree, and its (retryable) marks, against the code.
     ├── HandshakeError        the verify peer broke the handshake
     ├── RdmaTestError         the verify queue pair could not be set up or a transfer failed
     ├── PerftestParseError    perftest output with no result table (a ValueError)
+    ├── AnnotationsError      a downward-API annotations file verify cannot parse (a ValueError)
     ├── SpecError             a lab node spec that cannot be loaded (a ValueError)
     ├── FaultError            a lab fault whose target does not exist (a ValueError)
     ├── RenderError           a lab tree cannot be written where asked
-    └── LabInputError         bad `nicfleet-agent lab` arguments (a click.ClickException)
+    ├── LabInputError         bad `nicfleet-agent lab` arguments (a click.ClickException)
+    └── ConfigCheckInputError bad `device-plugin check-config` input (a click.ClickException)
 
 Outside the tree on purpose: `agent.host.deadlines.ReadAbandoned` is a BaseException that
 ends a worker thread stuck in a read, so that no `except Exception` on the way stops it.

@@ -9,10 +9,21 @@ selected by every policy — there are no labels to select by.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Literal
 
 import msgspec
 
 from proto.policy import LabelSelector, Policy
+
+
+class NodeCondition(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a Node's status.conditions, without its heartbeat times (they change every
+    few seconds and would make every node look changed)."""
+
+    type: str  # Ready, NetworkUnavailable, MemoryPressure, KernelDeadlock (node-problem-detector)
+    status: str  # "True", "False", "Unknown"
+    reason: str | None = None
+    message: str | None = None
 
 
 class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,6 +32,18 @@ class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
     # status.allocatable / status.capacity as the API server reports them ("8", "1Gi").
     allocatable: dict[str, str] = msgspec.field(default_factory=dict)
     capacity: dict[str, str] = msgspec.field(default_factory=dict)
+    conditions: tuple[NodeCondition, ...] = ()
+
+
+class NetworkStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a pod's `network-status`: what the CNI actually attached."""
+
+    name: str  # "ns/name" of the NetworkAttachmentDefinition
+    interface: str | None = None
+    ips: tuple[str, ...] = ()
+    mac: str | None = None
+    pci_address: str | None = None  # device-info.pci["pci-address"]
+    rdma_device: str | None = None  # device-info.pci["rdma-device"]
 
 
 class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,15 +55,101 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     phase: str | None = None
     requests: dict[str, int] = msgspec.field(default_factory=dict)  # resource -> count
     networks: tuple[str, ...] = ()  # "ns/name" from k8s.v1.cni.cncf.io/networks
+    # The scheduler's PodScheduled=False condition message (kept when its Events expired).
+    unschedulable: str | None = None
+    networks_error: str | None = None  # the networks annotation did not parse
+    # k8s.v1.cni.cncf.io/network-status as Multus wrote it (secondary networks only).
+    network_status: tuple[NetworkStatus, ...] = ()
 
 
 class NetworkAttachment(msgspec.Struct, frozen=True, kw_only=True):
-    """A NetworkAttachmentDefinition and what it binds to."""
+    """A NetworkAttachmentDefinition and what it binds to (its CNI config, parsed)."""
 
     namespace: str
     name: str
     resource_name: str | None = None  # annotation k8s.v1.cni.cncf.io/resourceName
-    master: str | None = None  # "master" of the CNI config, when it has one
+    master: str | None = None  # "master" of the CNI config (host-device: its "device")
+    pci_address: str | None = None  # host-device "pciBusID"
+    cni_type: str | None = None  # "type" of the config (of the conflist's first plugin)
+    ipam_type: str | None = None  # ipam.type: nv-ipam, whereabouts, host-local, ...
+    ipam_pools: tuple[str, ...] = ()  # nv-ipam ipam.poolName ("a,b": IPv4 and IPv6)
+    ipam_pool_type: str | None = None  # nv-ipam ipam.poolType: ippool (default), cidrpool
+    ipam_range: str | None = None  # whereabouts ipam.range
+    config_error: str | None = None  # spec.config missing or not a CNI config
+
+
+PoolKind = Literal["nv-ipam-ippool", "nv-ipam-cidrpool", "whereabouts"]
+
+
+class PoolBlock(msgspec.Struct, frozen=True, kw_only=True):
+    """The addresses an NV-IPAM pool gave one node: IPPool first..last, CIDRPool a prefix."""
+
+    node: str
+    first: str | None = None
+    last: str | None = None
+    prefix: str | None = None
+    gateway: str | None = None
+
+
+class IpPool(msgspec.Struct, frozen=True, kw_only=True):
+    """An NV-IPAM IPPool/CIDRPool or a whereabouts IPPool, as its controller wrote it."""
+
+    kind: PoolKind
+    namespace: str
+    name: str
+    network: str | None = None  # IPPool spec.subnet, CIDRPool spec.cidr, whereabouts range
+    block_size: int | None = None  # IPPool perNodeBlockSize
+    node_prefix: int | None = None  # CIDRPool perNodeNetworkPrefix
+    gateway: str | None = None  # IPPool spec.gateway
+    gateway_index: int | None = None  # CIDRPool spec.gatewayIndex
+    exclusions: tuple[tuple[str, str], ...] = ()  # (startIP, endIP)
+    blocks: dict[str, PoolBlock] = msgspec.field(default_factory=dict)  # node -> its block
+    allocated: dict[str, str] = msgspec.field(default_factory=dict)  # whereabouts ip -> podref
+
+
+class SchedulingEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A `FailedScheduling` Event the scheduler wrote about a pod (core/v1 or events.k8s.io)."""
+
+    namespace: str
+    pod: str
+    message: str
+    count: int = 1  # count, or series.count of an events.k8s.io/v1 Event
+    last_seen: str | None = None  # lastTimestamp / series.lastObservedTime / eventTime
+
+
+ComponentRole = Literal[
+    "driver", "multus", "nv-ipam", "whereabouts", "cni-plugins", "rdma-shared-dp"
+]
+
+
+class DaemonSetState(msgspec.Struct, frozen=True, kw_only=True):
+    """A DaemonSet the chain needs (or, for `rdma-shared-dp`, must not have twice), with its
+    controller's counts and the nodes its pods run on, ready or not."""
+
+    namespace: str
+    name: str
+    role: ComponentRole
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)  # spec.template's
+    desired: int = 0  # status.desiredNumberScheduled
+    ready: int = 0  # status.numberReady
+    available: int = 0  # status.numberAvailable
+    updated: int = 0  # status.updatedNumberScheduled
+    ready_nodes: tuple[str, ...] = ()
+    unready_nodes: tuple[str, ...] = ()  # a pod of the DaemonSet there, not Ready
+
+
+class AppliedState(msgspec.Struct, frozen=True, kw_only=True):
+    name: str  # e.g. state-multus-cni, state-OFED
+    state: str  # ready, notReady, ignore, error
+    message: str | None = None
+
+
+class OperatorStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """`status` of NVIDIA's NicClusterPolicy (written by the Network Operator)."""
+
+    state: str | None = None  # ready, notReady, ignore, error
+    reason: str | None = None
+    applied: tuple[AppliedState, ...] = ()
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +157,10 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: dict[str, ClusterNode] = msgspec.field(default_factory=dict)
     pods: tuple[PodRequest, ...] = ()
     attachments: tuple[NetworkAttachment, ...] = ()
+    scheduling_events: tuple[SchedulingEvent, ...] = ()  # FailedScheduling, pending pods'
+    daemonsets: tuple[DaemonSetState, ...] = ()
+    nic_cluster_policy: OperatorStatus | None = None  # None: absent or not readable
+    ip_pools: tuple[IpPool, ...] = ()
 
 
 NO_CLUSTER = ClusterView()

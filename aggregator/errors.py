@@ -17,6 +17,7 @@ AggregatorError
 ├── ThresholdError          an invalid `alerts` entry in a policy (a ValueError)
 ├── Abandoned               rule evaluation gave up when asked to; the next call starts over
 ├── UnknownNode             a trace for a node the fleet does not hold (a LookupError)
+├── UnknownPod              a pod trace for a pod the cluster view does not hold (a LookupError)
 ├── UnknownResource         a trace for a resource the node does not offer (a LookupError)
 ├── InvalidValidationRequest  a validation request body that is not valid (a ValueError)
 ├── UnknownValidationNode   a validation of a node the fleet does not hold (a LookupError)

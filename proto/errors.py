@@ -11,6 +11,7 @@ checks this tree against the code).
     ├── ConfigError         a device-plugin config that is not valid (proto.dpconfig)
     ├── Invalid             one bad field found decoding a device-plugin config (unnamed yet)
     ├── PolicyError         a NicFleetPolicy document that is not valid
+    ├── GoJsonError         a document Go's encoding/json would refuse (proto.gojson)
     ├── InvalidNodeName     not a Kubernetes node name, so no subject token
     ├── InvalidValidationId not a subject token (or a Pod name suffix)
     └── NatsSecurityError   a NATS credential or TLS setting that cannot be used (runtime)

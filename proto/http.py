@@ -99,9 +99,27 @@ class Trace(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     resource: str
     checked_at: float
-    ok: bool  # no link is broken (unknown links do not count)
+    ok: bool  # no link is broken, nor `components` (unknown links do not count)
     first_broken: int | None  # index into links
     links: tuple[Link, ...]
+    # What the cluster must run on the node (DaemonSets, NicClusterPolicy, Node conditions):
+    # a precondition of every link, kept out of `links` so their indices stay stable.
+    components: Link | None = None
+
+
+class PodTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod's own chain (`GET /api/v1/trace?pod=NS/NAME`): where it is, what it
+    requests, its scheduling link and, once on a node, the chain of each resource there."""
+
+    namespace: str
+    name: str
+    node: str | None  # None: not scheduled (`scheduling` says why)
+    phase: str | None
+    requests: dict[str, int]  # resource -> count
+    checked_at: float
+    ok: bool  # scheduling is not broken and no link of any resource's chain is
+    scheduling: Link
+    traces: tuple[Trace, ...]  # one per requested resource, by name; () when unscheduled
 
 
 Phase = Literal["pending", "pods-created", "running", "collecting", "done", "failed", "timed-out"]

@@ -6,7 +6,8 @@ watcher owns its NATS connection: it subscribes to its node's subject and asks a
 after every reconnect and every `rewatch_interval` (a missed announcement heals), retrying
 with backoff while no aggregator answers. Agents hold no JetStream permission
 (docs/security.md). Each valid config newer than the last goes to `on_config`; a removal
-hands `None`. An invalid one is logged and counted, never applied.
+hands `None`. An invalid one is logged and counted, never applied (one whose errors are
+all in single entries is handed on: LiveConfig leaves those out and reports them).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from nats.errors import NoRespondersError
 from agent.bus.desiredorder import RevisionGate, Via
 from proto import subjects
 from proto.codec import CodecError, decode
-from proto.dpconfig import ConfigError, validate_device_plugin_config
+from proto.dpconfig import ConfigError, check_device_plugin_resources
 from proto.messages.config import DesiredConfig, DesiredUpdate
 from proto.runtime.natsconnect import (
     NO_SECURITY,
@@ -193,7 +194,8 @@ class DesiredConfigWatcher:
             config = decode(data, DesiredConfig)
             if config.node != self.node:
                 raise ConfigError(source, "$.node", f"is {config.node!r}, not this node")
-            validate_device_plugin_config(config.device_plugin, source=source)
+            # Whole-config errors only: LiveConfig serves the valid entries of the rest.
+            check_device_plugin_resources(config.device_plugin, source=source)
         except (CodecError, ConfigError) as exc:
             self.rejected += 1
             log.error("desired config not applied, the last good one stays: %s", exc)

@@ -1,9 +1,10 @@
 """AdvertisedResources: every advertised resource, kept in step with config and inventory.
 
 The agent service calls `apply_config` (live: servers start, stop or re-send; never a
-restart), `update` with each snapshot and port-state poll (health reaches open ListAndWatch
-streams at once) and `run` (one TaskGroup holding a task per resource). `status()` and the
-`on_status` callback report what is advertised and registered; the CDI spec is kept here.
+restart; the entries a config check left out are reported, never served), `update` with
+each snapshot and port-state poll (health reaches open ListAndWatch streams at once) and
+`run` (one TaskGroup holding a task per resource). `status()` and the `on_status` callback
+report what is advertised and registered; the CDI spec is kept here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agent.deviceplugin.registration import Backoff, RegistrationMode, resolve_m
 from agent.deviceplugin.resource import ResourceRunner, RunnerSettings
 from agent.deviceplugin.selectors import Selection, select_devices
 from agent.deviceplugin.server import ResourceFeed
-from proto.dpconfig import resource_full_name
+from proto.dpconfig import InvalidResource, resource_full_name
 from proto.inventory import NodeSnapshot
 from proto.messages.config import DevicePluginConfig, ResourceConfig
 from proto.messages.status import DevicePluginStatus, ResourceStatus
@@ -83,6 +84,7 @@ class AdvertisedResources:
         self._resources: dict[str, _Resource] = {}
         self._retiring: dict[str, asyncio.Task[None]] = {}
         self._generation = 0
+        self._invalid: tuple[InvalidResource, ...] = ()
         self._snapshot: NodeSnapshot | None = None
         self._port_states: PortStates = {}
         self._selections: dict[str, Selection] = {}
@@ -103,9 +105,18 @@ class AdvertisedResources:
                 res.runner.stop(deregister=False)
         self._tasks = None
 
-    def apply_config(self, config: DevicePluginConfig, generation: int) -> None:
-        """Make the served resources match `config`, live."""
+    def apply_config(
+        self,
+        config: DevicePluginConfig,
+        generation: int,
+        *,
+        invalid: tuple[InvalidResource, ...] = (),
+    ) -> None:
+        """Make the served resources match `config`, live; `invalid`: the entries of the
+        same document left out of it, listed in the status (a namesake served before is
+        deregistered: the entry in force is the invalid one)."""
         self._generation = generation
+        self._invalid = invalid
         self._retiring = {n: t for n, t in self._retiring.items() if not t.done()}
         desired = {resource_full_name(rc): rc for rc in config.config_list}
         for name in [n for n in self._resources if n not in desired]:
@@ -141,7 +152,9 @@ class AdvertisedResources:
         self._emit()
 
     def status(self) -> tuple[ResourceStatus, ...]:
-        return tuple(self._resource_status(res) for res in self._resources.values())
+        """The served resources, then the config's invalid entries (never served)."""
+        served = tuple(self._resource_status(res) for res in self._resources.values())
+        return served + tuple(_invalid_status(bad) for bad in self._invalid)
 
     def plugin_status(self) -> DevicePluginStatus:
         resources = self.status()
@@ -264,3 +277,12 @@ class AdvertisedResources:
                 self._on_status(status)
             except Exception:  # the publisher's problem must not stop serving the kubelet
                 log.exception("device-plugin status callback failed")
+
+
+def _invalid_status(bad: InvalidResource) -> ResourceStatus:
+    return ResourceStatus(
+        name=bad.name,
+        registration="config-invalid",
+        config_path=bad.path,
+        config_error=bad.reason,
+    )

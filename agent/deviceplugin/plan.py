@@ -30,7 +30,11 @@ RDMA_CM_NAME: Final = "rdma_cm"
 # Per-adapter char devices a container needs: verbs, MADs (ibstat, UD QP1 users), and the
 # subnet-manager bit. rdma_cm is node-wide and added once.
 ADAPTER_CHAR_PREFIXES: Final = ("uverbs", "umad", "issm")
+# What a container is told about its adapters: names it can check from inside (RDMA device
+# names and PCI addresses, both visible in its /sys/class/infiniband) and, for
+# compatibility, the host's netdev names, which the pod does not hold (Multus gives it net1).
 ENV_RDMA_DEVICES: Final = "NICFLEET_RDMA_DEVICES"
+ENV_PCI_ADDRESSES: Final = "NICFLEET_PCI_ADDRESSES"
 ENV_NETDEVS: Final = "NICFLEET_NETDEVS"
 CDI_KIND: Final = "nicfleet.io/rdma"
 DEVICE_PERMISSIONS: Final = "rw"
@@ -236,7 +240,7 @@ def plan_allocation(plan: ResourcePlan, ids: Sequence[str], *, cdi: bool) -> Con
 
     Shared: every selected adapter (the IDs are slots, not adapters); exclusive: the
     adapters behind the IDs. Device nodes (uverbs/umad/issm per adapter, rdma_cm once) or,
-    with CDI, the adapters' CDI names; the env names the RDMA devices and netdevs either way.
+    with CDI, the adapters' CDI names; the env (allocation_envs) is the same either way.
     """
     validate_ids(plan, ids, what="Allocate")
     if plan.exclusive:
@@ -244,15 +248,27 @@ def plan_allocation(plan: ResourcePlan, ids: Sequence[str], *, cdi: bool) -> Con
         adapters = [a for a in plan.adapters if a.name in wanted]
     else:
         adapters = list(plan.adapters)
-    envs = (
-        (ENV_RDMA_DEVICES, ",".join(a.name for a in adapters)),
-        (ENV_NETDEVS, ",".join(n for a in adapters for n in a.netdevs)),
-    )
+    envs = allocation_envs(adapters)
     if cdi:
         return ContainerAllocation(
             envs=envs, device_nodes=(), cdi_devices=tuple(cdi_name(a.name) for a in adapters)
         )
     return ContainerAllocation(envs=envs, device_nodes=device_nodes(adapters), cdi_devices=())
+
+
+def allocation_envs(adapters: Sequence[Adapter]) -> tuple[tuple[str, str], ...]:
+    """The env of one container, in adapter order: RDMA device names, PCI addresses (only
+    those known; an adapter without one adds nothing) and the host netdev names.
+
+    Sent in the Allocate response in both modes, never in the CDI spec: CDI merges every
+    requested device's edits, and per-device values of one list variable would overwrite
+    each other instead of joining.
+    """
+    return (
+        (ENV_RDMA_DEVICES, ",".join(a.name for a in adapters)),
+        (ENV_PCI_ADDRESSES, ",".join(a.pci_address for a in adapters if a.pci_address)),
+        (ENV_NETDEVS, ",".join(n for a in adapters for n in a.netdevs)),
+    )
 
 
 def cdi_name(adapter: str) -> str:

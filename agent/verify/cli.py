@@ -17,7 +17,7 @@ import click
 
 from agent.errors import AgentError
 from agent.links.netlink import NetlinkUnavailable, netns_path
-from agent.verify.evidence import EvidenceSettings
+from agent.verify.evidence import DEFAULT_ANNOTATIONS, EvidenceSettings
 from agent.verify.pair import handshake
 from agent.verify.pair import sides as pairtest
 from agent.verify.publish import PublishFailed, publish_result
@@ -36,6 +36,7 @@ EXIT_USAGE = 2
 EXIT_ORDINARY = 3
 EXIT_PAIR_FAILED = 4
 ENV_VALIDATION_ID = "NICFLEET_VALIDATION_ID"
+ENV_ANNOTATIONS = "NICFLEET_ANNOTATIONS_FILE"
 
 
 def _fail(message: str) -> None:
@@ -63,6 +64,15 @@ def _fail(message: str) -> None:
     "--netns",
     metavar="NAME|PATH",
     help="Read interfaces of this network namespace instead of the pod's own.",
+)
+@click.option(
+    "--annotations",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_ANNOTATIONS,
+    show_default=True,
+    envvar=ENV_ANNOTATIONS,
+    help="The pod's annotations as a downwardAPI volume writes them (Multus network-status "
+    "with device-info); absent: not used.",
 )
 @click.option(
     "--verbs",
@@ -136,7 +146,8 @@ def _fail(message: str) -> None:
 @click.option("--nats-url", envvar="NICFLEET_NATS_URL", help="NATS to publish the result on.")
 @nats_security_options
 def verify(
-    output: str, sysfs_root: Path, dev_root: Path, netns: str | None, verbs: str,
+    output: str, sysfs_root: Path, dev_root: Path, netns: str | None, annotations: Path,
+    verbs: str,
     verbs_path: Path | None, serve: bool, peer: str | None, listen_host: str, port: int,
     timeout: float, method: str, size: int, iterations: int, latency_iterations: int,
     validation_id: str | None, nats_url: str | None, nats_security: NatsClientSecurity,
@@ -167,7 +178,7 @@ def verify(
         evidence=EvidenceSettings(
             sysfs_root=sysfs_root, dev_root=dev_root, netns=netns,
             verbs=verbs == "on" or (verbs == "auto" and sysfs_root.resolve() == Path("/sys")),
-            verbs_path=verbs_path, environ=environ,
+            verbs_path=verbs_path, environ=environ, annotations=annotations,
         ),
         role="server" if serve else "client" if peer else None,
         peer=peer_addr, listen=(listen_host, port), method=cast(Method, method),

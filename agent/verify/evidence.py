@@ -1,6 +1,7 @@
 """Reads the in-pod RDMA evidence from explicit roots: char devices under `--dev-root`,
 RDMA devices and ports from `--sysfs-root`, the pod's interfaces (netlink), the env the
-device plugin injected, and verbs. It decides nothing: agent.verify.verdict judges.
+device plugin injected, the Multus network-status in the downward-API annotations file,
+and verbs. It decides nothing: agent.verify.identify and agent.verify.verdict judge.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from agent.host.sysfs import Sysfs, errno_name
 from agent.host.verbs import query_devices
 from agent.links.netdevs import netdevs_from_dump
 from agent.links.netlink import NetlinkUnavailable, NetlinkWatcher
-from agent.verify import verdict
+from agent.verify import identify, networkstatus, verdict
 from proto.inventory import Device, ReadError
 from proto.messages.validation import (
+    AttachmentEvidence,
     CharDeviceEvidence,
     DeviceEvidence,
     Evidence,
@@ -39,6 +41,8 @@ _CHAR_NAME: Final = re.compile(r"(?:uverbs|umad)[0-9]+|rdma_cm", re.ASCII)
 _NUMBERED: Final = re.compile(r"([a-z_]+?)([0-9]+)", re.ASCII)
 _OPEN_FLAGS: Final = os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 LOOPBACK: Final = "lo"
+# Where pod specs conventionally mount `metadata.annotations` with a downwardAPI volume.
+DEFAULT_ANNOTATIONS: Final = Path("/etc/podinfo/annotations")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +53,7 @@ class EvidenceSettings:
     verbs: bool = True
     verbs_path: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
+    annotations: Path | None = DEFAULT_ANNOTATIONS  # None: do not look for network-status
 
 
 def read_char_devices(dev_root: Path) -> tuple[CharDeviceEvidence, ...]:
@@ -110,7 +115,27 @@ def _device_evidence(device: Device) -> DeviceEvidence:
             )
             for p in device.ports
         ),
+        pci_address=device.pci_address,
     )
+
+
+def read_attachments(
+    path: Path | None,
+) -> tuple[str | None, tuple[AttachmentEvidence, ...], ReadError | None]:
+    """(the file read, its network-status entries, the error). A missing file is no error:
+    most pods do not mount their annotations, and then no network-status is known."""
+    if path is None:
+        return None, (), None
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None, (), None
+    except OSError as exc:
+        return None, (), ReadError(path=str(path), error=errno_name(exc))
+    try:
+        return str(path), networkstatus.attachments_from_annotations(text), None
+    except networkstatus.AnnotationsError as exc:
+        return str(path), (), ReadError(path=str(path), error=str(exc))
 
 
 async def read_interfaces(netns: str | None) -> tuple[InterfaceEvidence, ...]:
@@ -140,6 +165,9 @@ async def collect_evidence(settings: EvidenceSettings) -> Evidence:
     except (NetlinkUnavailable, AgentError) as exc:
         interfaces = ()
         read_errors.append(ReadError(path="netlink", error=str(exc)))
+    annotations_file, attachments, annotations_error = read_attachments(settings.annotations)
+    if annotations_error is not None:
+        read_errors.append(annotations_error)
     names = [d.name for d in rdma]
     if settings.verbs:
         targets = verdict.parse_env_list(settings.environ.get(ENV_RDMA_DEVICES))
@@ -151,12 +179,16 @@ async def collect_evidence(settings: EvidenceSettings) -> Evidence:
         )
     else:
         verbs = VerbsEvidence(checked=False, detail="not checked (--verbs off)")
+    gid_matches = verdict.match_gids(rdma, interfaces)
     return Evidence(
         char_devices=char_devices,
         devices=rdma,
         interfaces=interfaces,
-        gid_matches=verdict.match_gids(rdma, interfaces),
-        injected=verdict.injected_evidence(settings.environ, names, (i.name for i in interfaces)),
+        gid_matches=gid_matches,
+        injected=verdict.injected_evidence(settings.environ, rdma),
         verbs=verbs,
         errors=tuple(read_errors),
+        annotations_file=annotations_file,
+        attachments=attachments,
+        rdma_interfaces=identify.identify_interfaces(rdma, interfaces, gid_matches, attachments),
     )

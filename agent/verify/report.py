@@ -52,12 +52,20 @@ def render(result: ValidationResult, out: Console) -> None:
     for m in ev.gid_matches:
         if m.interface:
             out.out(f"RoCE GID {m.device}/{m.port}[{m.index}] {m.type} = {m.ip} on {m.interface}")
+    for r in ev.rdma_interfaces:
+        out.out(f"RDMA interface {r.interface}: {r.device} (by {', '.join(r.sources)})")
+    for a in ev.attachments:
+        info = a.pci_address or a.rdma_device
+        on = f" on {info}{f' ({a.rdma_device})' if a.rdma_device and a.pci_address else ''}"
+        out.out(f"network-status {a.name}: {a.interface or '-'}"
+                f"{' (default)' if a.default else ''}{on if info else ''}")  # fmt: skip
     inj = ev.injected
     if inj.matches is not None:
         devices = ",".join(inj.rdma_devices or ()) or "-"
+        pci = ",".join(inj.pci_addresses or ()) or "-"
         netdevs = ",".join(inj.netdevs or ()) or "-"
-        out.out(f"injected: devices={devices} netdevs={netdevs} "
-                f"{'match' if inj.matches else 'DO NOT match'}")  # fmt: skip
+        state = "match" if inj.matches else "DO NOT match"
+        out.out(f"injected: devices={devices} pci={pci} {state} (host netdevs {netdevs})")
     out.out(f"verbs: {ev.verbs.detail}")
     if result.pair_test is not None:
         _render_pair(result.pair_test, out)

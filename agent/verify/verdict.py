@@ -1,5 +1,6 @@
 """Pure judgement of in-pod RDMA evidence: GID↔IP matching, the device plugin's
-injection against what is visible, and the verdict with one reason per missing piece.
+injection against what is visible, and the verdict with one reason per missing piece
+(which pod interfaces are the RDMA ones: agent.verify.identify).
 
 No I/O, no clock, no logging: agent.verify.evidence reads, this decides (docs/verify.md).
 """
@@ -10,7 +11,8 @@ import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping
 
-from agent.deviceplugin.plan import ENV_NETDEVS, ENV_RDMA_DEVICES
+from agent.deviceplugin.plan import ENV_NETDEVS, ENV_PCI_ADDRESSES, ENV_RDMA_DEVICES
+from agent.verify import identify
 from proto.messages.validation import (
     DeviceEvidence,
     Evidence,
@@ -22,6 +24,7 @@ from proto.messages.validation import (
 )
 
 UVERBS_GLOB = "/dev/infiniband/uverbs*"
+PRIMARY_ONLY = "primary-interface-only"
 
 
 def parse_env_list(value: str | None) -> tuple[str, ...] | None:
@@ -88,23 +91,29 @@ def match_gids(
 
 
 def injected_evidence(
-    environ: Mapping[str, str], visible_devices: Iterable[str], pod_interfaces: Iterable[str]
+    environ: Mapping[str, str], visible: Iterable[DeviceEvidence]
 ) -> InjectedEvidence:
-    """What NICFLEET_RDMA_DEVICES / NICFLEET_NETDEVS promise against what the pod sees."""
+    """What NICFLEET_RDMA_DEVICES / NICFLEET_PCI_ADDRESSES promise against the RDMA
+    devices the pod sees. NICFLEET_NETDEVS is recorded, never checked: it holds the host's
+    names, and a pod's RDMA interface is its own (net1), found by agent.verify.identify."""
     rdma = parse_env_list(environ.get(ENV_RDMA_DEVICES))
+    pci = parse_env_list(environ.get(ENV_PCI_ADDRESSES))
     netdevs = parse_env_list(environ.get(ENV_NETDEVS))
-    visible, interfaces = set(visible_devices), set(pod_interfaces)
-    missing_devices = tuple(d for d in rdma or () if d not in visible)
-    missing_netdevs = tuple(n for n in netdevs or () if n not in interfaces)
+    devices = tuple(visible)
+    names = {d.name for d in devices}
+    functions = {d.pci_address for d in devices if d.pci_address}
+    missing_devices = tuple(d for d in rdma or () if d not in names)
+    missing_pci = tuple(a for a in pci or () if a not in functions)
     matches = None
-    if rdma is not None or netdevs is not None:
-        matches = not missing_devices and not missing_netdevs
+    if rdma is not None or pci is not None or netdevs is not None:
+        matches = not missing_devices and not missing_pci
     return InjectedEvidence(
         rdma_devices=rdma,
         netdevs=netdevs,
         missing_devices=missing_devices,
-        missing_netdevs=missing_netdevs,
         matches=matches,
+        pci_addresses=pci,
+        missing_pci_addresses=missing_pci,
     )
 
 
@@ -113,10 +122,15 @@ def _is_uverbs(path: str) -> bool:
 
 
 def target_devices(evidence: Evidence) -> tuple[str, ...]:
-    """The devices this pod is meant to use: what the plugin injected, else the devices
-    whose uverbs node the pod holds (sysfs maps uverbsN to its device)."""
-    if evidence.injected.rdma_devices is not None:
-        return evidence.injected.rdma_devices
+    """The devices this pod is meant to use: what the plugin injected (by name, else by
+    PCI address), else the devices whose uverbs node the pod holds (sysfs maps uverbsN to
+    its device)."""
+    injected = evidence.injected
+    if injected.rdma_devices is not None:
+        return injected.rdma_devices
+    if injected.pci_addresses:
+        wanted = set(injected.pci_addresses)
+        return tuple(d.name for d in evidence.devices if d.pci_address in wanted)
     present = {c.path for c in evidence.char_devices if _is_uverbs(c.path)}
     return tuple(d.name for d in evidence.devices if any(c in present for c in d.char_devices))
 
@@ -126,7 +140,7 @@ def judge(evidence: Evidence) -> tuple[Verdict, tuple[Reason, ...]]:
     got nothing RDMA at all; broken otherwise. Every reason names the missing evidence."""
     uverbs = [c for c in evidence.char_devices if _is_uverbs(c.path)]
     injected = evidence.injected
-    if not uverbs and injected.rdma_devices is None and injected.netdevs is None:
+    if not uverbs and injected.matches is None:
         names = ", ".join(i.name for i in evidence.interfaces) or "none"
         return "ordinary-interface-only", (
             Reason(
@@ -139,6 +153,9 @@ def judge(evidence: Evidence) -> tuple[Verdict, tuple[Reason, ...]]:
         )
     reasons = list(_char_reasons(evidence, bool(uverbs)))
     reasons += _injection_reasons(injected)
+    reasons += identify.attachment_reasons(
+        evidence.attachments, evidence.interfaces, injected, evidence.devices
+    )
     by_name = {d.name: d for d in evidence.devices}
     targets = target_devices(evidence)
     if not evidence.devices:
@@ -153,10 +170,12 @@ def judge(evidence: Evidence) -> tuple[Verdict, tuple[Reason, ...]]:
     for name in targets:
         device = by_name.get(name)
         if device is not None:
-            reasons += _device_reasons(device, present, evidence.gid_matches)
+            reasons += _device_reasons(device, present, evidence)
     reasons += _verbs_reasons(evidence, targets)
     if not reasons:
         return "rdma-path", ()
+    if all(r.code == PRIMARY_ONLY for r in reasons):
+        return "ordinary-interface-only", tuple(reasons)
     return "broken", tuple(reasons)
 
 
@@ -183,16 +202,17 @@ def _injection_reasons(injected: InjectedEvidence) -> Iterable[Reason]:
             missing=f"/sys/class/infiniband/{name}",
             message=f"{ENV_RDMA_DEVICES} names {name}, which the pod cannot see",
         )
-    for name in injected.missing_netdevs:
+    for address in injected.missing_pci_addresses:
         yield Reason(
-            code="injected-netdev-not-in-pod",
-            missing=f"pod interface {name}",
-            message=f"{ENV_NETDEVS} names {name}, which is not an interface of the pod",
+            code="injected-pci-not-visible",
+            missing=f"RDMA device at PCI {address}",
+            message=f"{ENV_PCI_ADDRESSES} names {address}, and no RDMA device the pod can "
+            "see is that PCI function",
         )
 
 
 def _device_reasons(
-    device: DeviceEvidence, present: set[str], gid_matches: tuple[GidMatch, ...]
+    device: DeviceEvidence, present: set[str], evidence: Evidence
 ) -> Iterable[Reason]:
     for path in device.char_devices:
         if _is_uverbs(path) and path not in present:
@@ -211,14 +231,36 @@ def _device_reasons(
         )
         return
     if any(p.link_layer == "Ethernet" for p in active):
-        matched = [m for m in gid_matches if m.device == device.name and m.interface]
-        if not matched:
-            yield Reason(
-                code="gid-not-on-pod-interface",
-                missing=f"RoCE GID of {device.name} equal to a pod interface address",
-                message=f"no RoCE GID of {device.name} carries an address of a pod "
-                "interface: the pod's network is not on this RDMA port",
-            )
+        yield from _roce_reasons(device, evidence)
+
+
+def _roce_reasons(device: DeviceEvidence, evidence: Evidence) -> Iterable[Reason]:
+    """RoCE traffic leaves from the GID of an address the pod uses: no such GID is
+    ordinary-interface-only when the pod has nothing but its primary interface (no
+    secondary network attached), broken when a secondary interface is there but wrong."""
+    mine = [m for m in evidence.gid_matches if m.device == device.name]
+    if any(m.interface for m in mine):
+        return
+    secondary = identify.secondary_interfaces(evidence.interfaces, evidence.attachments)
+    gid_ips = sorted({m.ip for m in mine if m.ip is not None})
+    missing = f"RoCE GID of {device.name} equal to a pod interface address"
+    if not secondary:
+        primary = identify.primary_interface(evidence.attachments)
+        yield Reason(
+            code=PRIMARY_ONLY,
+            missing=missing,
+            message=f"the pod has only its primary interface ({primary}) and no RoCE GID of "
+            f"{device.name} carries its address: no secondary (RDMA) network is attached",
+        )
+        return
+    held = "; ".join(f"{i.name} ({', '.join(i.addresses) or 'no address'})" for i in secondary)
+    yield Reason(
+        code="gid-not-on-pod-interface",
+        missing=missing,
+        message=f"no RoCE GID of {device.name} carries an address of a pod interface "
+        f"({held}); the GIDs hold {', '.join(gid_ips) or 'no address'}: the pod's "
+        "secondary network is not on this RDMA port",
+    )
 
 
 def _verbs_reasons(evidence: Evidence, targets: tuple[str, ...]) -> Iterable[Reason]:

@@ -1,4 +1,7 @@
-"""HTTP routes for the resource view and the chain trace: `/api/v1/resources`, `/api/v1/trace`.
+"""HTTP routes for the resource view and the chain trace: `/api/v1/resources`, `/api/v1/trace`
+(`?node=&resource=`) and one pod's own chain, `/api/v1/trace/pods/{namespace}/{name}` (a path
+of its own: a query of either node+resource or pod cannot be said in OpenAPI, and a client
+checked against the document would send neither).
 
 Handlers validate query parameters (a `BadParameter` becomes the API's JSON 400), then call
 the pure `resources`/`trace` modules with the fleet's live view, the current cluster view
@@ -19,6 +22,7 @@ from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.trace.chain import UnknownNode, UnknownResource, trace
+from aggregator.trace.pod import UnknownPod, trace_pod
 from aggregator.trace.resources import summarize_resources
 from proto.http import ResourceSummary, ValidationRecord
 from proto.policy import Policy
@@ -26,6 +30,12 @@ from proto.subjects import InvalidNodeName, validate_node_name
 
 RESOURCE_PARAMS: Final = ("node", "name")
 TRACE_PARAMS: Final = ("node", "resource")
+POD_TRACE_PATH: Final = "/api/v1/trace/pods/{namespace}/{name}"
+# A namespace is a DNS label, a pod name a DNS subdomain (what the API server allows).
+_DNS_LABEL = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NAMESPACE = re.compile(_DNS_LABEL)
+_POD_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+MAX_POD_NAME_LENGTH: Final = 253
 # <prefix>/<name>: a DNS subdomain, then a qualified name (what the kubelet accepts).
 _RESOURCE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -50,7 +60,7 @@ def add_chain_routes(
     # The newest finished validation of (node, resource): the trace's tested-data-path link.
     latest_validation: Callable[[str, str], ValidationRecord | None] | None = None,
 ) -> None:
-    """Register GET /api/v1/resources and GET /api/v1/trace on `app`."""
+    """Register GET /api/v1/resources, /api/v1/trace and /api/v1/trace/pods/... on `app`."""
 
     async def list_resources(request: web.Request) -> web.Response:
         query = _checked_query(request.query, RESOURCE_PARAMS, required=())
@@ -97,8 +107,33 @@ def add_chain_routes(
             )
         return json_response(result)
 
+    async def get_pod_trace(request: web.Request) -> web.Response:
+        _checked_query(request.query, (), required=())
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if not _NAMESPACE.fullmatch(namespace):
+            raise BadParameter("namespace", f"namespace must be a DNS label, got {namespace!r}")
+        if len(name) > MAX_POD_NAME_LENGTH or not _POD_NAME.fullmatch(name):
+            raise BadParameter("name", f"name must be a pod name (DNS subdomain), got {name!r}")
+        try:
+            result = trace_pod(
+                namespace,
+                name,
+                fleet=fleet.view(),
+                cluster=cluster(),
+                policies=policies(),
+                now=clock(),
+                stale_after=stale_after,
+                validation=latest_validation,
+            )
+        except UnknownPod as exc:
+            return error_response(
+                404, "not_found", str(exc), field="name", suggestions=exc.suggestions
+            )
+        return json_response(result)
+
     app.router.add_get("/api/v1/resources", list_resources)
     app.router.add_get("/api/v1/trace", get_trace)
+    app.router.add_get(POD_TRACE_PATH, get_pod_trace)
 
 
 def _checked_query(

@@ -11,6 +11,7 @@ from typing import Final
 
 from aggregator.api.alerts import STATUSES
 from aggregator.api.auth import METRICS_PATH
+from aggregator.api.chain import POD_TRACE_PATH
 from aggregator.api.jsonbody import BODY_TIMEOUT, MAX_BODY, MAX_DEPTH
 from aggregator.api.labelselect import MAX_SELECTOR_LENGTH, SELECTOR_PATTERN
 from aggregator.api.openapischemas import (
@@ -27,6 +28,8 @@ from aggregator.api.openapischemas import (
     NODE_NAME_FILTER,
     PAGE_CONTINUE,
     PAGE_LIMIT,
+    POD_NAME,
+    POD_NAMESPACE,
     POLICY_VIEW,
     RESOURCE_NAME,
     SHARD_MAP,
@@ -172,7 +175,8 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
         },
     },
     "/api/v1/trace": {
-        "summary": "The chain adapter → device plugin → kubelet → pods for one resource.",
+        "summary": "The chain adapter → device plugin → kubelet → pods → scheduling for one "
+        "resource on a node, with the node's cluster components beside it.",
         "parameters": [
             query("node", NODE_NAME, "The node.", required=True),
             query("resource", RESOURCE_NAME, "The extended resource.", required=True),
@@ -181,6 +185,22 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
             "200": json_response("The trace.", ref("Trace")),
             "400": error_response(BAD_QUERY),
             "404": error_response("Unknown node or resource; `suggestions` holds close names."),
+        },
+    },
+    POD_TRACE_PATH: {
+        "summary": "One pod's own chain: its node (or why it is not scheduled), the resources "
+        "it requests and each one's chain on that node.",
+        "parameters": [
+            {"name": "namespace", "in": "path", "required": True, "schema": POD_NAMESPACE},
+            {"name": "name", "in": "path", "required": True, "schema": POD_NAME},
+        ],
+        "responses": {
+            "200": json_response("The pod's trace.", ref("PodTrace")),
+            "400": error_response("A query parameter (none is known), or a bad name."),
+            "404": error_response(
+                "No pod of that name requests an RDMA resource (or no cluster); "
+                "`suggestions` holds close NAMESPACE/NAME."
+            ),
         },
     },
 }

@@ -12,12 +12,12 @@ from typing import Any, Final
 import msgspec
 
 from aggregator.api.alerts import SEVERITIES
-from aggregator.api.chain import MAX_RESOURCE_LENGTH, ResourceList
+from aggregator.api.chain import MAX_POD_NAME_LENGTH, MAX_RESOURCE_LENGTH, ResourceList
 from aggregator.api.errors import ErrorBody
 from aggregator.api.paging import MAX_TOKEN_LENGTH, PageLimits
 from aggregator.reconcile.loop import ReconcileReport
 from aggregator.rules.finding import Finding
-from proto.http import NodeDetail, NodeSummary, Trace, ValidationRecord
+from proto.http import NodeDetail, NodeSummary, PodTrace, Trace, ValidationRecord
 from proto.messages.alerts import Alert
 from proto.policy import Policy
 
@@ -25,7 +25,7 @@ Schema = dict[str, Any]
 JSON: Final = "application/json"
 _STRUCTS: Final = (
     NodeSummary, NodeDetail, ResourceList, Trace, Finding, Alert, ErrorBody, ValidationRecord,
-    ReconcileReport, Policy,
+    ReconcileReport, Policy, PodTrace,
 )  # fmt: skip
 # RFC 1123 subdomain (proto.subjects.validate_node_name) and the resource-name format.
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -46,6 +46,13 @@ RESOURCE_NAME: Final[Schema] = {
 }
 VALIDATION_ID: Final[Schema] = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"}
 DNS_LABEL: Final = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+POD_NAMESPACE: Final[Schema] = {"type": "string", "pattern": rf"^{DNS_LABEL}$"}
+POD_NAME: Final[Schema] = {
+    "type": "string",
+    "maxLength": MAX_POD_NAME_LENGTH,
+    "pattern": rf"^{DNS_LABEL}(\.{DNS_LABEL})*$",
+    "examples": ["worker-0"],
+}
 
 
 def ref(name: str) -> Schema:

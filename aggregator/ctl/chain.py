@@ -1,5 +1,6 @@
-"""`nicfleetctl trace NODE RESOURCE` and `nicfleetctl resources`: the chain trace and the
-per-resource view, from /api/v1/trace and /api/v1/resources.
+"""`nicfleetctl trace NODE RESOURCE`, `nicfleetctl trace --pod NS/NAME` and `nicfleetctl
+resources`: the chain trace (a node's, or one pod's own) and the per-resource view, from
+/api/v1/trace, /api/v1/trace/pods/NS/NAME and /api/v1/resources.
 
 HTTP goes through `client.AggregatorClient`; drawing is here (rich). `trace` exits 1 when
 a link of the chain is broken, so scripts can gate on it.
@@ -21,14 +22,14 @@ from rich.text import Text
 
 from aggregator.ctl.client import AggregatorClient, ApiError, BadInput
 from aggregator.ctl.render import console_for
-from proto.http import Link, ResourceSummary, Trace
+from proto.http import Link, PodTrace, ResourceSummary, Trace
 from proto.runtime.cliopts import output_option
 from proto.subjects import InvalidNodeName, validate_node_name
 
 TRACE_EPILOG: Final = """\b
 Exit codes:
   0  every link of the chain is ok (unknown links, e.g. without a cluster, do not count)
-  1  a link is broken, or the aggregator answered with an error (unknown node/resource)
+  1  a link is broken, or the aggregator answered with an error (unknown node/resource/pod)
   2  usage error or bad input (invalid node or resource name, option)
   3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
 RESOURCES_EPILOG: Final = TRACE_EPILOG.replace(
@@ -37,6 +38,7 @@ RESOURCES_EPILOG: Final = TRACE_EPILOG.replace(
 ).replace("a link is broken, or the", "the")
 _MARK: Final = {"ok": ("✔", "green"), "broken": ("✘", "red"), "unknown": ("?", "yellow")}
 _RESOURCE: Final = re.compile(r"[^/\s]+/[^/\s]+")
+_POD: Final = re.compile(r"[a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9.]*")
 NONE: Final = "-"
 
 
@@ -44,22 +46,42 @@ class _ChainClient(AggregatorClient):
     def trace(self, node: str, resource: str) -> dict[str, Any]:
         return self._get("/api/v1/trace", {"node": node, "resource": resource})
 
+    def trace_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._get(f"/api/v1/trace/pods/{namespace}/{name}", {})
+
     def resources(self, *, node: str | None, name: str | None) -> dict[str, Any]:
         params = {k: v for k, v in (("node", node), ("name", name)) if v is not None}
         return self._get("/api/v1/resources", params)
 
 
 @click.command(epilog=TRACE_EPILOG)
-@click.argument("node")
-@click.argument("resource")
+@click.argument("node", required=False)
+@click.argument("resource", required=False)
+@click.option(
+    "--pod",
+    metavar="NS/NAME",
+    help="Trace this pod's own chain instead: its node (or why it is not scheduled), the "
+    "resources it requests and each one's chain there. Takes no NODE or RESOURCE.",
+)
 @output_option(
     "table", "wide", "json", help="The chain (wide: with every link's evidence), or the API's JSON."
 )
 @click.pass_context
-def trace(ctx: click.Context, node: str, resource: str, output: str) -> None:
-    """Why RESOURCE (e.g. rdma/hca_shared) on NODE is or is not usable, link by link:
-    adapter, driver/firmware, RDMA ports, char devices, device plugin, advertised count,
-    node allocatable and the pods requesting it."""
+def trace(
+    ctx: click.Context, node: str | None, resource: str | None, pod: str | None, output: str
+) -> None:
+    """Why RESOURCE (e.g. rdma/hca_shared) on NODE is or is not usable, link by link: the
+    cluster components on the node, adapter, driver/firmware, RDMA ports, char devices,
+    device plugin, advertised count, node allocatable, the pods requesting it, why
+    pending ones are not scheduled, their network attachments and IP pools; with --pod, one
+    pod's chain end to end."""
+    if pod is not None:
+        if node is not None or resource is not None:
+            raise BadInput("--pod takes no NODE or RESOURCE: the pod's node and requests are used")
+        _trace_pod(ctx, pod, output)
+        return
+    if node is None or resource is None:
+        raise BadInput("give NODE and RESOURCE, or --pod NS/NAME")
     _check_node(node)
     if not _RESOURCE.fullmatch(resource):
         raise BadInput(f"resource must be a full name such as rdma/hca_shared, got {resource!r}")
@@ -71,7 +93,21 @@ def trace(ctx: click.Context, node: str, resource: str, output: str) -> None:
         _print_json(body)
     else:
         _render_trace(_console(), result, wide=output == "wide")
-    ctx.exit(0 if result.first_broken is None else 1)
+    ctx.exit(0 if result.ok else 1)
+
+
+def _trace_pod(ctx: click.Context, pod: str, output: str) -> None:
+    if not _POD.fullmatch(pod):
+        raise BadInput(f"--pod must be NAMESPACE/NAME such as training/worker-0, got {pod!r}")
+    client = _ChainClient(ctx.obj)
+    with client:
+        body = client.trace_pod(*pod.split("/", 1))
+    result: PodTrace = _typed(body, PodTrace, "pod trace")
+    if output == "json":
+        _print_json(body)
+    else:
+        _render_pod_trace(_console(), result, wide=output == "wide")
+    ctx.exit(0 if result.ok else 1)
 
 
 @click.command(epilog=RESOURCES_EPILOG)
@@ -105,12 +141,15 @@ def resources(server: str, node: str | None, name: str | None, output: str) -> N
 
 
 def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
-    verdict = (
-        Text("chain ok", style="green")
-        if result.ok
-        else Text(f"broken at link {result.first_broken} ({_first(result)})", style="bold red")
-    )
+    if result.ok:
+        verdict = Text("chain ok", style="green")
+    elif result.first_broken is None:
+        verdict = Text("broken at the node's components", style="bold red")
+    else:
+        verdict = Text(f"broken at link {result.first_broken} ({_first(result)})", style="bold red")
     console.print(Text.assemble(f"{result.resource} on {result.node}: ", verdict))
+    if result.components is not None:
+        _render_link(console, result.components, label="components", wide=wide)
     width = max((len(link.name) for link in result.links), default=0)
     for index, link in enumerate(result.links):
         mark, style = _MARK.get(link.status, ("?", "yellow"))
@@ -128,6 +167,34 @@ def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
             console.print(Text(f"     fix:   {link.fix}", style="bold" if first else ""))
         if wide or (link.status != "ok" and link.evidence):
             console.print(Text(f"     evidence: {_evidence(link)}", style="dim"))
+
+
+def _render_link(console: Console, link: Link, *, label: str, wide: bool) -> None:
+    """A link outside the numbered chain (components, a pod's scheduling)."""
+    mark, style = _MARK.get(link.status, ("?", "yellow"))
+    console.print(Text.assemble((f" {mark} ", style), (f"{label} {link.status}", style)))
+    if link.status == "broken":
+        console.print(Text(f"     cause: {link.cause}", style="bold red"))
+        console.print(Text(f"     fix:   {link.fix}", style="bold"))
+    if wide or (link.status != "ok" and link.evidence):
+        console.print(Text(f"     evidence: {_evidence(link)}", style="dim"))
+
+
+def _render_pod_trace(console: Console, result: PodTrace, *, wide: bool) -> None:
+    where = f"on {result.node}" if result.node is not None else "not scheduled"
+    requests = ", ".join(f"{r}={n}" for r, n in sorted(result.requests.items()))
+    verdict = Text("ok", style="green") if result.ok else Text("broken", style="bold red")
+    console.print(
+        Text.assemble(
+            f"pod {result.namespace}/{result.name} {where} ({result.phase or '?'}), "
+            f"requests {requests}: ",
+            verdict,
+        )
+    )
+    _render_link(console, result.scheduling, label="scheduling", wide=wide)
+    for item in result.traces:
+        console.print()
+        _render_trace(console, item, wide=wide)
 
 
 def _first(result: Trace) -> str:

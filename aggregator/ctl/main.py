@@ -244,3 +244,7 @@ for _command in (nodes, resources, findings, alerts):
     add_watch(_command)
 for _command in (trace, resources, findings, alerts, validate):
     attach_node_completion(_command, "node", "nodes")
+
+from aggregator.ctl.audit import audit_group  # noqa: E402
+
+cli.add_command(audit_group, name="audit")

@@ -1,9 +1,11 @@
 """Every Kubernetes API call the aggregator makes, via the official client's asyncio flavour
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
-connecting, list/watch of policies, nodes, pods and NADs, the few writes (policy status,
-Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods), TokenReviews of
-API bearer tokens, and turning client errors into KubeErrors. The bodies it sends and the
-decoding of the answers are pure, in payloads.py; every call stays here.
+connecting, list/watch of policies, nodes, pods, NADs and IP pools, the read-only lists
+behind the trace's scheduling and components links (FailedScheduling Events, DaemonSets,
+the NicClusterPolicy's status), the few writes
+(policy status, Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods),
+TokenReviews of API bearer tokens, and turning client errors into KubeErrors. The bodies
+it sends and the decoding of the answers are pure, in payloads.py; every call stays here.
 """
 
 from __future__ import annotations
@@ -18,18 +20,31 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import aiohttp
 
-from aggregator.cluster import NetworkAttachment, PodRequest
+from aggregator.cluster import (
+    DaemonSetState,
+    IpPool,
+    NetworkAttachment,
+    OperatorStatus,
+    PodRequest,
+    PoolKind,
+    SchedulingEvent,
+)
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
 from aggregator.kube import payloads
+from aggregator.kube.networks import ip_pool_from_object
 from aggregator.kube.objects import (
     LeaseRecord,
     Listing,
     TokenReviewResult,
     WatchEvent,
     attachment_from_object,
+    daemon_pod_from_object,
+    daemonset_from_object,
     listing_from,
+    operator_status_from_object,
     pod_request_from_object,
     result_from_review,
+    scheduling_event_from_object,
 )
 
 if TYPE_CHECKING:  # imported when connecting: `kubernetes` costs ~0.4 s at every start
@@ -39,6 +54,9 @@ GROUP: Final = "nicfleet.io"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "nicfleetpolicies"
 NAD = ("k8s.cni.cncf.io", "v1", "network-attachment-definitions")
+NV_IPAM_IPPOOLS = ("nv-ipam.nvidia.com", "v1alpha1", "ippools")
+NV_IPAM_CIDRPOOLS = ("nv-ipam.nvidia.com", "v1alpha1", "cidrpools")
+WHEREABOUTS_IPPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "ippools")
 NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
 MERGE_PATCH: Final = "application/merge-patch+json"
 
@@ -68,6 +86,7 @@ class KubeClient:
         self._api: Any = api
         self._settings = settings
         self._core = k8s.CoreV1Api(api)
+        self._apps = k8s.AppsV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
         self._leases = k8s.CoordinationV1Api(api)
         self._authn = k8s.AuthenticationV1Api(api)
@@ -170,6 +189,15 @@ class KubeClient:
 
     async def list_pod_requests(self) -> tuple[PodRequest, ...]:
         """Pods (all namespaces) requesting a resource under `resource_prefixes`."""
+        requests, _ = await self.list_pods_and_components()
+        return requests
+
+    async def list_pods_and_components(
+        self,
+    ) -> tuple[tuple[PodRequest, ...], tuple[DaemonSetState, ...]]:
+        """One list of every pod, read twice: the pods requesting a resource under
+        `resource_prefixes`, and (with one DaemonSet list, all namespaces) the chain's
+        components with the nodes their pods are ready on."""
         raw = await self._json(
             "list pods",
             self._core.list_pod_for_all_namespaces_without_preload_content(**self._timeout()),
@@ -177,7 +205,33 @@ class KubeClient:
         items = listing_from(raw).items
         prefixes = self._settings.resource_prefixes
         found = (pod_request_from_object(item, prefixes) for item in items)
-        return tuple(pod for pod in found if pod is not None)
+        requests = tuple(pod for pod in found if pod is not None)
+        daemon_pods = tuple(p for p in map(daemon_pod_from_object, items) if p is not None)
+        try:
+            raw_sets = await self._json(
+                "list DaemonSets",
+                self._apps.list_daemon_set_for_all_namespaces_without_preload_content(
+                    **self._timeout()
+                ),
+            )
+        except KubeError as exc:
+            # 404: no apps/v1 (test emulators); 403: an older ClusterRole. The pods still count.
+            if exc.status not in (403, 404):
+                raise
+            return requests, ()
+        sets = (daemonset_from_object(item, daemon_pods) for item in listing_from(raw_sets).items)
+        return requests, tuple(s for s in sets if s is not None)
+
+    async def list_scheduling_events(self) -> tuple[SchedulingEvent, ...]:
+        """The scheduler's `FailedScheduling` Events (all namespaces), oldest first."""
+        raw = await self._json(
+            "list FailedScheduling Events",
+            self._core.list_event_for_all_namespaces_without_preload_content(
+                field_selector="reason=FailedScheduling", **self._timeout()
+            ),
+        )
+        found = (scheduling_event_from_object(item) for item in listing_from(raw).items)
+        return tuple(e for e in found if e is not None)
 
     async def list_network_attachments(self) -> tuple[NetworkAttachment, ...]:
         """Every NetworkAttachmentDefinition; () when Multus' CRD is not installed."""
@@ -193,6 +247,30 @@ class KubeClient:
         found = (attachment_from_object(item) for item in listing_from(raw).items)
         return tuple(nad for nad in found if nad is not None)
 
+    async def list_ip_pools(self) -> tuple[IpPool, ...]:
+        """NV-IPAM IPPools and CIDRPools and whereabouts IPPools, all namespaces; a kind whose
+        CRD is not installed contributes nothing."""
+        kinds: tuple[tuple[PoolKind, str, Callable[[], Awaitable[Any]]], ...] = (
+            ("nv-ipam-ippool", "list NV-IPAM IPPools", lambda: (
+                self._custom.list_cluster_custom_object_without_preload_content(
+                    *NV_IPAM_IPPOOLS, **self._timeout()))),
+            ("nv-ipam-cidrpool", "list NV-IPAM CIDRPools", lambda: (
+                self._custom.list_cluster_custom_object_without_preload_content(
+                    *NV_IPAM_CIDRPOOLS, **self._timeout()))),
+            ("whereabouts", "list whereabouts IPPools", lambda: (
+                self._custom.list_cluster_custom_object_without_preload_content(
+                    *WHEREABOUTS_IPPOOLS, **self._timeout()))),
+        )  # fmt: skip
+        found: list[IpPool] = []
+        for kind, what, call in kinds:
+            try:
+                raw = await self._json(what, call())
+            except KubeNotFoundError:
+                continue
+            pools = (ip_pool_from_object(kind, item) for item in listing_from(raw).items)
+            found.extend(pool for pool in pools if pool is not None)
+        return tuple(found)
+
     async def read_nic_cluster_policy(self) -> dict[str, Any] | None:
         """NVIDIA's `NicClusterPolicy/nic-cluster-policy`, read only; None when absent."""
         group, version, plural, name = NIC_CLUSTER_POLICY
@@ -206,6 +284,17 @@ class KubeClient:
         except KubeNotFoundError:
             return None
         return raw if isinstance(raw, dict) else None
+
+    async def read_operator_status(self) -> OperatorStatus | None:
+        """`status` of `nic-cluster-policy` (state, appliedStates); None when it is absent
+        or this ServiceAccount may not read it (the overlay `nicclusterpolicy-import`)."""
+        try:
+            obj = await self.read_nic_cluster_policy()
+        except KubeError as exc:
+            if exc.status == 403:
+                return None
+            raise
+        return operator_status_from_object(obj)
 
     # --- Pair-validation Pods (aggregator.validations.runner) ------------------------------------
 

@@ -13,8 +13,19 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from aggregator.cluster import ClusterNode, NetworkAttachment, PodRequest
+from aggregator.cluster import (
+    AppliedState,
+    ClusterNode,
+    ComponentRole,
+    DaemonSetState,
+    NetworkAttachment,
+    NodeCondition,
+    OperatorStatus,
+    PodRequest,
+    SchedulingEvent,
+)
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
+from aggregator.kube import networks
 from proto.policy import Policy, PolicyError, load_policies
 
 RESOURCE_NAME_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
@@ -134,6 +145,16 @@ def node_from_object(obj: Mapping[str, Any]) -> ClusterNode | None:
         labels=_strings(metadata.get("labels")),
         allocatable=_strings(status.get("allocatable")),
         capacity=_strings(status.get("capacity")),
+        conditions=tuple(
+            NodeCondition(
+                type=str(c["type"]),
+                status=str(c.get("status") or "Unknown"),
+                reason=_opt_text(c.get("reason")),
+                message=_opt_text(c.get("message")),
+            )
+            for c in map(_mapping, _list(status.get("conditions")))
+            if isinstance(c.get("type"), str)
+        ),
     )
 
 
@@ -158,7 +179,15 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
     namespace = str(metadata.get("namespace") or "default")
     annotations = _strings(metadata.get("annotations"))
     node = spec.get("nodeName")
-    phase = _mapping(obj.get("status")).get("phase")
+    status = _mapping(obj.get("status"))
+    phase = status.get("phase")
+    # The scheduler's PodScheduled=False/Unschedulable condition outlives its Events (1 h).
+    scheduled = _condition(status, "PodScheduled")
+    unschedulable = (
+        _opt_text(scheduled.get("message")) or "Unschedulable"
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+        else None
+    )
     return PodRequest(
         namespace=namespace,
         name=str(metadata.get("name") or ""),
@@ -166,7 +195,167 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
         phase=phase if isinstance(phase, str) else None,
         requests=requests,
         networks=parse_networks(annotations.get(NETWORKS_ANNOTATION, ""), namespace),
+        networks_error=networks_error(annotations.get(NETWORKS_ANNOTATION, "")),
+        network_status=networks.parse_network_status(
+            annotations.get(networks.NETWORK_STATUS_ANNOTATION)
+            or annotations.get(networks.OLD_NETWORK_STATUS_ANNOTATION)
+        ),
+        unschedulable=unschedulable,
     )
+
+
+# --- the components the chain needs (aggregator.trace.components) ------------------------
+
+# How the Network Operator (manifests/state-*/), Multus and NV-IPAM name their DaemonSets:
+# exact names first, then the operator's labels (the OFED/DOCA driver's name has the OS in it).
+COMPONENT_NAMES: Final[Mapping[str, ComponentRole]] = {
+    "kube-multus-ds": "multus",
+    "nv-ipam-node": "nv-ipam",
+    "whereabouts": "whereabouts",
+    "cni-plugins-ds": "cni-plugins",
+    "rdma-shared-dp-ds": "rdma-shared-dp",
+}
+OFED_LABEL: Final = "nvidia.com/ofed-driver"  # on the mofed-<os><ver>-ds DaemonSet and its pods
+FAILED_SCHEDULING: Final = "FailedScheduling"
+
+
+def component_role(name: str, labels: Mapping[str, str]) -> ComponentRole | None:
+    """Which component of the chain a DaemonSet is, by its name or labels; None: not ours."""
+    if name in COMPONENT_NAMES:
+        return COMPONENT_NAMES[name]
+    if OFED_LABEL in labels or (name.startswith("mofed-") and name.endswith("-ds")):
+        return "driver"
+    if name == "doca-driver" or name.startswith("doca-driver-"):
+        return "driver"
+    app = labels.get("app")
+    if app == "rdma-shared-dp":
+        return "rdma-shared-dp"
+    if app == "multus":
+        return "multus"
+    return None
+
+
+class DaemonPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod a DaemonSet owns: which node it is on and whether it is Ready."""
+
+    namespace: str
+    owner: str  # the DaemonSet's name (ownerReferences, kind DaemonSet, controller)
+    node: str
+    ready: bool
+
+
+def daemon_pod_from_object(obj: Mapping[str, Any]) -> DaemonPod | None:
+    """A pod controlled by a DaemonSet and bound to a node, else None."""
+    metadata = _mapping(obj.get("metadata"))
+    owner = next(
+        (
+            ref.get("name")
+            for ref in map(_mapping, _list(metadata.get("ownerReferences")))
+            if ref.get("kind") == "DaemonSet" and ref.get("controller") is not False
+        ),
+        None,
+    )
+    node = _mapping(obj.get("spec")).get("nodeName")
+    if not isinstance(owner, str) or not isinstance(node, str) or not node:
+        return None
+    ready = _condition(_mapping(obj.get("status")), "Ready").get("status") == "True"
+    return DaemonPod(
+        namespace=str(metadata.get("namespace") or "default"), owner=owner, node=node, ready=ready
+    )
+
+
+def daemonset_from_object(
+    obj: Mapping[str, Any], pods: tuple[DaemonPod, ...]
+) -> DaemonSetState | None:
+    """A DaemonSet of the chain with its status counts and the nodes of its `pods`; None
+    when it is none of the components the chain needs."""
+    metadata = _mapping(obj.get("metadata"))
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    role = component_role(name, _strings(metadata.get("labels")))
+    if role is None:
+        return None
+    namespace = str(metadata.get("namespace") or "default")
+    status = _mapping(obj.get("status"))
+    template = _mapping(_mapping(_mapping(obj.get("spec")).get("template")).get("spec"))
+    mine = [p for p in pods if p.namespace == namespace and p.owner == name]
+    ready = {p.node for p in mine if p.ready}
+    return DaemonSetState(
+        namespace=namespace,
+        name=name,
+        role=role,
+        node_selector=_strings(template.get("nodeSelector")),
+        desired=_count(status.get("desiredNumberScheduled")),
+        ready=_count(status.get("numberReady")),
+        available=_count(status.get("numberAvailable")),
+        updated=_count(status.get("updatedNumberScheduled")),
+        ready_nodes=tuple(sorted(ready)),
+        unready_nodes=tuple(sorted({p.node for p in mine} - ready)),
+    )
+
+
+def scheduling_event_from_object(obj: Mapping[str, Any]) -> SchedulingEvent | None:
+    """A FailedScheduling Event about a Pod, core/v1 (involvedObject, count, lastTimestamp)
+    or events.k8s.io/v1 (regarding, note, series, eventTime) shaped; else None."""
+    if obj.get("reason") != FAILED_SCHEDULING:
+        return None
+    about = _mapping(obj.get("involvedObject") or obj.get("regarding"))
+    name = about.get("name")
+    if about.get("kind") != "Pod" or not isinstance(name, str):
+        return None
+    message = obj.get("message") if "message" in obj else obj.get("note")
+    series = _mapping(obj.get("series"))
+    count = series.get("count") if series else obj.get("count")
+    last = (
+        obj.get("lastTimestamp")
+        or series.get("lastObservedTime")
+        or obj.get("eventTime")
+        or obj.get("deprecatedLastTimestamp")
+    )
+    metadata = _mapping(obj.get("metadata"))
+    return SchedulingEvent(
+        namespace=str(about.get("namespace") or metadata.get("namespace") or "default"),
+        pod=name,
+        message=str(message or ""),
+        count=count if isinstance(count, int) and count > 0 else 1,
+        last_seen=last if isinstance(last, str) else None,
+    )
+
+
+def operator_status_from_object(obj: Mapping[str, Any] | None) -> OperatorStatus | None:
+    """`status` of a NicClusterPolicy: state, reason and appliedStates[]; None without one."""
+    if obj is None:
+        return None
+    status = _mapping(obj.get("status"))
+    applied = tuple(
+        AppliedState(
+            name=str(a["name"]),
+            state=str(a.get("state") or ""),
+            message=_opt_text(a.get("message")),
+        )
+        for a in map(_mapping, _list(status.get("appliedStates")))
+        if isinstance(a.get("name"), str)
+    )
+    return OperatorStatus(
+        state=_opt_text(status.get("state")),
+        reason=_opt_text(status.get("reason")),
+        applied=applied,
+    )
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next(
+        (c for c in map(_mapping, _list(status.get("conditions"))) if c.get("type") == kind), {}
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _opt_text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def attachment_from_object(obj: Mapping[str, Any]) -> NetworkAttachment | None:
@@ -176,20 +365,36 @@ def attachment_from_object(obj: Mapping[str, Any]) -> NetworkAttachment | None:
     if not isinstance(name, str) or not name:
         return None
     annotations = _strings(metadata.get("annotations"))
-    master: str | None = None
-    config = _mapping(obj.get("spec")).get("config")
-    if isinstance(config, str):
-        try:
-            decoded = json.loads(config)
-        except json.JSONDecodeError:
-            decoded = None
-        master = _find_master(decoded)
+    config = networks.parse_cni_config(_mapping(obj.get("spec")).get("config"))
     return NetworkAttachment(
         namespace=str(metadata.get("namespace") or "default"),
         name=name,
         resource_name=annotations.get(RESOURCE_NAME_ANNOTATION),
-        master=master,
+        master=config.master,
+        pci_address=config.pci_address,
+        cni_type=config.cni_type,
+        ipam_type=config.ipam_type,
+        ipam_pools=config.ipam_pools,
+        ipam_pool_type=config.ipam_pool_type,
+        ipam_range=config.ipam_range,
+        config_error=config.error,
     )
+
+
+def networks_error(annotation: str) -> str | None:
+    """Why Multus would refuse the `networks` annotation (a JSON list that is not one)."""
+    text = annotation.strip()
+    if not text.startswith("["):
+        return None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"{NETWORKS_ANNOTATION} is not valid JSON ({exc.msg})"
+    if not isinstance(items, list) or not all(
+        isinstance(i, Mapping) and isinstance(i.get("name"), str) for i in items
+    ):
+        return f"{NETWORKS_ANNOTATION} is not a list of {{name, namespace, interface}}"
+    return None
 
 
 def parse_networks(annotation: str, namespace: str) -> tuple[str, ...]:
@@ -213,18 +418,6 @@ def parse_networks(annotation: str, namespace: str) -> tuple[str, ...]:
         if part:
             names.append(part if "/" in part else f"{namespace}/{part}")
     return tuple(names)
-
-
-def _find_master(config: object) -> str | None:
-    """`master` of the CNI config, or of the first plugin of a conflist that has one."""
-    if not isinstance(config, Mapping):
-        return None
-    if isinstance(config.get("master"), str):
-        return str(config["master"])
-    for plugin in _list(config.get("plugins")):
-        if isinstance(plugin, Mapping) and isinstance(plugin.get("master"), str):
-            return str(plugin["master"])
-    return None
 
 
 def _quantity(value: object) -> int | None:

@@ -1,5 +1,7 @@
 """Keeps the aggregator's picture of the cluster current: NicFleetPolicies and Nodes by
-list+watch, pods requesting RDMA resources and NetworkAttachmentDefinitions by periodic list.
+list+watch; pods requesting RDMA resources, NetworkAttachmentDefinitions and IP pools
+(NV-IPAM, whereabouts), the chain's DaemonSets, FailedScheduling Events and the
+NicClusterPolicy's status by periodic list.
 
 Owns the retry loops (a failed call never ends `run`; it is logged once and retried) and
 announces every change through `changed` (an asyncio.Event the consumer clears) and an
@@ -15,7 +17,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
+from aggregator.cluster import (
+    ClusterNode,
+    ClusterView,
+    DaemonSetState,
+    IpPool,
+    NetworkAttachment,
+    OperatorStatus,
+    PodRequest,
+    SchedulingEvent,
+)
 from aggregator.errors import KubeError
 from aggregator.kube.client import KubeClient
 from aggregator.kube.objects import (
@@ -35,7 +46,7 @@ ChangeKind = Literal["policies", "nodes", "pods"]
 
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
-    pods_every_s: float = 30.0  # pods and NADs are listed, not watched: only the trace reads them
+    pods_every_s: float = 30.0  # pods, NADs, IP pools: listed, not watched (the trace reads them)
     retry_s: float = 1.0  # first retry after a failed call; doubles up to retry_max_s
     retry_max_s: float = 30.0
 
@@ -57,6 +68,10 @@ class ClusterWatcher:
         self._nodes: dict[str, ClusterNode] = {}
         self._pods: tuple[PodRequest, ...] = ()
         self._attachments: tuple[NetworkAttachment, ...] = ()
+        self._ip_pools: tuple[IpPool, ...] = ()
+        self._daemonsets: tuple[DaemonSetState, ...] = ()
+        self._events: tuple[SchedulingEvent, ...] = ()
+        self._operator: OperatorStatus | None = None
         self._view: ClusterView | None = None
         self.changed = asyncio.Event()  # set on every change; the consumer clears it
         self.policies_synced = asyncio.Event()  # the first policy list arrived
@@ -71,6 +86,10 @@ class ClusterWatcher:
                 nodes=dict(self._nodes),
                 pods=self._pods,
                 attachments=self._attachments,
+                ip_pools=self._ip_pools,
+                scheduling_events=self._events,
+                daemonsets=self._daemonsets,
+                nic_cluster_policy=self._operator,
             )
         return self._view
 
@@ -114,6 +133,7 @@ class ClusterWatcher:
                     )
                 ),
                 group.create_task(self._poll_pods(stop)),
+                group.create_task(self._poll_scheduling(stop)),
             ]
             await stop.wait()
             for task in tasks:
@@ -154,17 +174,41 @@ class ClusterWatcher:
         failed = False
         while not stop.is_set():
             try:
-                pods = await self._kube.list_pod_requests()
+                pods, daemonsets = await self._kube.list_pods_and_components()
                 attachments = await self._kube.list_network_attachments()
+                pools = await self._kube.list_ip_pools()
             except KubeError as exc:
                 if not failed:
-                    log.warning("pods and network attachments: %s; retrying", exc)
+                    log.warning("pods, network attachments and IP pools: %s; retrying", exc)
                 failed = True
             else:
                 failed = False
-                if (pods, attachments) != (self._pods, self._attachments):
-                    self._pods, self._attachments = pods, attachments
+                fresh = (pods, attachments, pools, daemonsets)
+                if fresh != (self._pods, self._attachments, self._ip_pools, self._daemonsets):
+                    self._pods, self._attachments, self._ip_pools, self._daemonsets = fresh
                     self._announce("pods")
+            if await _wait_or_stop(stop, self._settings.pods_every_s):
+                return
+
+    async def _poll_scheduling(self, stop: asyncio.Event) -> None:
+        """FailedScheduling Events and the NicClusterPolicy's status, each on its own: the
+        trace says "unknown" without them, and the pods' list must not wait on them."""
+        failed: set[str] = set()  # warn once per outage of each
+        while not stop.is_set():
+            events, operator = self._events, self._operator
+            try:
+                events = await self._kube.list_scheduling_events()
+                failed.discard("events")
+            except KubeError as exc:
+                _warn_once(failed, "events", f"FailedScheduling events: {exc}")
+            try:
+                operator = await self._kube.read_operator_status()
+                failed.discard("operator")
+            except KubeError as exc:
+                _warn_once(failed, "operator", f"NicClusterPolicy status: {exc}")
+            if (events, operator) != (self._events, self._operator):
+                self._events, self._operator = events, operator
+                self._announce("pods")
             if await _wait_or_stop(stop, self._settings.pods_every_s):
                 return
 
@@ -212,6 +256,12 @@ class ClusterWatcher:
         self.changed.set()
         if self._on_change is not None:
             self._on_change(kind)
+
+
+def _warn_once(failed: set[str], key: str, message: str) -> None:
+    if key not in failed:
+        log.warning("%s; retrying", message)
+    failed.add(key)
 
 
 async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:

@@ -12,11 +12,13 @@ from types import MappingProxyType
 from typing import Final
 
 from aggregator.rules import (
+    attachments,
     clockskew,
     counters,
     dataquality,
     fleetpolicy,
     links,
+    pluginconfig,
     topology,
     versions,
 )
@@ -28,6 +30,8 @@ ALL_RULES: Final[tuple[Rule, ...]] = (
     *counters.RULES,
     *versions.RULES,
     *fleetpolicy.RULES,
+    *pluginconfig.RULES,
+    *attachments.RULES,
     *dataquality.RULES,
     *clockskew.RULES,
 )

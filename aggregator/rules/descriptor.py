@@ -70,6 +70,9 @@ class Rule:
     resolve_s: float = 0.0  # default hysteresis: how long it must be gone before resolving
     # Numeric parameters a policy may override under alerts.<rule>.thresholds.
     params: Mapping[str, float] = field(default_factory=lambda: NO_PARAMS)
+    # It reads the cluster's pods, NADs or IP pools (not only node labels): re-run for every
+    # node when those change (aggregator.rules.engine.incremental).
+    reads_cluster: bool = False
 
     def __post_init__(self) -> None:
         if not self.reads <= _FIELDS:

@@ -85,6 +85,8 @@ def check_resource_zero(given: RuleInput) -> list[Finding]:
             r = advertised.get(name)
             if r is not None and r.advertised > 0 and r.healthy > 0:
                 continue
+            if r is not None and r.config_error is not None:
+                continue  # an invalid entry: resource-config-invalid (rules/pluginconfig)
             why = "is not served" if r is None else (
                 "advertises 0 devices" if r.advertised <= 0 else "has no healthy device"
             )  # fmt: skip

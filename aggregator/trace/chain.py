@@ -4,6 +4,8 @@ Pure: a function of the fleet records, the cluster view, the policies and `now`.
 is `ok`, `broken` or `unknown` with its evidence; a broken one carries a one-sentence likely
 cause and fix. Host links live in `tracehost`; the device-plugin and Kubernetes links here;
 the last, `tested-data-path`, in `validation` (the newest pair validation, passed in).
+`scheduling` (why a pod is not on a node) is in `scheduling`; what the cluster must run on
+the node, `components`, is a section of the trace beside the links (in `components`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from aggregator.cluster import ClusterView, policies_by_node
+from aggregator.cluster import ClusterView, PodRequest, policies_by_node
 from aggregator.errors import AggregatorError
 from aggregator.fleet.state import NodeRecord
+from aggregator.trace.attachment import ATTACHMENT_LINK, attachment_link
+from aggregator.trace.components import components_link
 from aggregator.trace.host import (
     ChainContext,
     check_adapter,
@@ -27,7 +31,9 @@ from aggregator.trace.host import (
     link_ok,
     link_unknown,
 )
+from aggregator.trace.ippool import IP_POOL_LINK, ip_pool_link
 from aggregator.trace.resources import allocatable_count
+from aggregator.trace.scheduling import SCHEDULING_LINK, scheduling_link
 from aggregator.trace.tested import TESTED_LINK, data_path_link
 from proto.dpconfig import resource_full_name
 from proto.http import Link, Trace, ValidationRecord
@@ -39,7 +45,8 @@ __all__ = ["LINK_NAMES", "UnknownNode", "UnknownResource", "trace"]
 
 LINK_NAMES: Final = (
     "agent", "adapter", "driver", "rdma-device", "char-devices",
-    "device-plugin", "advertised", "allocatable", "pods", TESTED_LINK,
+    "device-plugin", "advertised", "allocatable", "pods", SCHEDULING_LINK,
+    ATTACHMENT_LINK, IP_POOL_LINK, TESTED_LINK,
 )  # fmt: skip
 MAX_SUGGESTIONS: Final = 3
 NAD_RESOURCE_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
@@ -75,6 +82,7 @@ def trace(
     now: float,
     stale_after: float,
     validation: ValidationRecord | None = None,  # the newest finished one of node+resource
+    pod: PodRequest | None = None,  # a pod's own chain (aggregator.trace.pod)
 ) -> Trace:
     """Every link of the chain for `resource` on `node`; raises UnknownNode/UnknownResource."""
     record = fleet.get(node)
@@ -92,13 +100,15 @@ def trace(
     ctx = ChainContext(
         node=node, resource=resource, record=record, cluster=cluster, policies=selecting,
         config=configs.get(resource), status=served.get(resource), now=now,
-        stale_after=stale_after,
+        stale_after=stale_after, pod=pod,
     )  # fmt: skip
     links = (*(check(ctx) for check in _CHECKS), data_path_link(validation, node, resource, now))
     broken = next((i for i, link in enumerate(links) if link.status == "broken"), None)
+    components = components_link(ctx)  # a section of its own: link indices stay stable
     return Trace(
-        node=node, resource=resource, checked_at=now, ok=broken is None,
-        first_broken=broken, links=links,
+        node=node, resource=resource, checked_at=now,
+        ok=broken is None and components.status != "broken",
+        first_broken=broken, links=links, components=components,
     )  # fmt: skip
 
 
@@ -254,21 +264,12 @@ def _pods(ctx: ChainContext) -> Link:
         ],
         "netdevs": netdevs,
     }
-    wrong = [a for a in nads if a.master is not None and a.master not in netdevs]
-    if wrong and ctx.snapshot is not None:
-        a = wrong[0]
-        return link_broken(
-            name,
-            f"NetworkAttachmentDefinition {a.namespace}/{a.name} uses master {a.master!r}, "
-            f"not a netdev of the adapters selected for {ctx.resource}",
-            f"set its master to one of {', '.join(netdevs) or '(none)'} or point its "
-            f"{NAD_RESOURCE_ANNOTATION} at the resource that selects {a.master}",
-            **evidence,
-        )
+    # Whether those NADs attach the right adapters is the `attachment` link's to say.
     return link_ok(name, **evidence)
 
 
 _CHECKS: Final[tuple[Callable[[ChainContext], Link], ...]] = (
     check_agent, check_adapter, check_driver, check_rdma_device, check_char_devices,
-    _device_plugin, _advertised, _allocatable, _pods,
+    _device_plugin, _advertised, _allocatable, _pods, scheduling_link,
+    attachment_link, ip_pool_link,
 )  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import msgspec
 
-from aggregator.cluster import ClusterView
+from aggregator.cluster import ClusterView, PodRequest
 from aggregator.fleet.state import NodeRecord
 from aggregator.fleet.views import node_state
 from proto.http import Link
@@ -36,6 +36,7 @@ class ChainContext(msgspec.Struct, frozen=True, kw_only=True):
     status: ResourceStatus | None
     now: float
     stale_after: float
+    pod: PodRequest | None = None  # a pod's own chain (`trace --pod`), else the node's
 
     @property
     def snapshot(self) -> NodeSnapshot | None:

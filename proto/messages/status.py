@@ -19,13 +19,18 @@ class ResourceStatus(Base, frozen=True, kw_only=True):
     excluded: dict[str, str] = msgspec.field(default_factory=dict)  # matched, unusable: why
     unmatched: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> failed selector
     unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # selected adapter -> why
-    # starting | waiting | registering | registered | retrying | rejected | stopped; a plain
-    # string on the wire so that a state added later never fails an older decoder.
+    # starting | waiting | registering | registered | retrying | rejected | stopped, or
+    # config-invalid (never served, see config_error); a plain string on the wire so that
+    # a state added later never fails an older decoder.
     registration: str = "starting"
     registration_mode: str | None = None  # legacy | watcher
     registration_error: str | None = None  # the last failure, kept while retrying
     registration_attempts: int = 0  # failed attempts since the last success
     endpoint: str | None = None  # the plugin's socket path
+    # A configList entry that is not served: the field at fault (configList[2].resourcePrefix)
+    # and why; None for a served resource. The config's valid entries are served.
+    config_path: str | None = None
+    config_error: str | None = None
 
 
 class DevicePluginStatus(

@@ -45,9 +45,10 @@ class DeviceEvidence(Base, frozen=True, kw_only=True):
     """An RDMA device visible in /sys/class/infiniband of the pod."""
 
     name: str
-    netdevs: tuple[str, ...] = ()
+    netdevs: tuple[str, ...] = ()  # device/net/: netdevs of the pod's namespace only
     char_devices: tuple[str, ...] = ()  # its uverbs/umad nodes per sysfs (+ rdma_cm)
     ports: tuple[PortEvidence, ...] = ()
+    pci_address: str | None = None  # the function behind it (device -> ../0000:1a:00.0)
 
 
 class InterfaceEvidence(Base, frozen=True, kw_only=True):
@@ -76,10 +77,40 @@ class InjectedEvidence(Base, frozen=True, kw_only=True):
     """What the device plugin injected (env) against what the pod can see."""
 
     rdma_devices: tuple[str, ...] | None = None  # NICFLEET_RDMA_DEVICES; None: not set
-    netdevs: tuple[str, ...] | None = None  # NICFLEET_NETDEVS; None: not set
+    # NICFLEET_NETDEVS: *host* netdev names, informational (a pod's are net1, ...)
+    netdevs: tuple[str, ...] | None = None
     missing_devices: tuple[str, ...] = ()  # injected but not in /sys/class/infiniband
-    missing_netdevs: tuple[str, ...] = ()  # injected but not a pod interface
+    missing_netdevs: tuple[str, ...] = ()  # retired: host names are not checked, always ()
     matches: bool | None = None  # None when nothing was injected
+    pci_addresses: tuple[str, ...] | None = None  # NICFLEET_PCI_ADDRESSES; None: not set
+    missing_pci_addresses: tuple[str, ...] = ()  # injected, no visible RDMA device has it
+
+
+class AttachmentEvidence(Base, frozen=True, kw_only=True):
+    """One entry of the pod's Multus `k8s.v1.cni.cncf.io/network-status` annotation, with
+    its device-info (Network Plumbing WG device-info spec) when the CNI reported one."""
+
+    name: str  # the network, "<namespace>/<net-attach-def>" or the default network's
+    interface: str | None = None  # net1; None when the CNI did not say
+    ips: tuple[str, ...] = ()
+    mac: str | None = None
+    default: bool = False  # the pod's primary (cluster) network
+    device_type: str | None = None  # device-info "type": pci, vdpa, vhost-user, ...
+    pci_address: str | None = None  # device-info pci.pci-address
+    pf_pci_address: str | None = None  # device-info pci.pf-pci-address (a VF's PF)
+    rdma_device: str | None = None  # device-info pci.rdma-device
+
+
+PodInterfaceSource = Literal["gid-address", "gid-ndev", "device-net", "device-info"]
+
+
+class RdmaInterface(Base, frozen=True, kw_only=True):
+    """A pod interface identified as an RDMA device's, and every piece of evidence that
+    says so (docs/verify.md, "How the pod's RDMA interfaces are found")."""
+
+    interface: str
+    device: str
+    sources: tuple[PodInterfaceSource, ...] = ()
 
 
 class VerbsEvidence(Base, frozen=True, kw_only=True):
@@ -100,6 +131,10 @@ class Evidence(Base, frozen=True, kw_only=True):
     injected: InjectedEvidence = InjectedEvidence()
     verbs: VerbsEvidence = VerbsEvidence()
     errors: tuple[ReadError, ...] = ()  # reads that failed
+    # the downward-API annotations file read; None: absent (no network-status known)
+    annotations_file: str | None = None
+    attachments: tuple[AttachmentEvidence, ...] = ()  # network-status, in its order
+    rdma_interfaces: tuple[RdmaInterface, ...] = ()  # which pod interfaces are RDMA, why
 
 
 class Reason(Base, frozen=True, kw_only=True):

@@ -220,19 +220,29 @@ export async function loadNode(name) {
 
 export async function loadTrace(node, resource) {
   const trace = await getJSON("/api/v1/trace", { node, resource });
+  const linkBody = (l, title) => [
+    h("div", { class: "name" }, title, " ", stateBadge(l.status)),
+    l.cause ? h("p", { class: "cause" }, l.cause) : null,
+    l.fix ? h("p", { class: "fix" }, "Fix: ", l.fix) : null,
+    h("details", {}, h("summary", {}, "evidence"), h("pre", {}, JSON.stringify(l.evidence, null, 2))),
+  ];
+  const statusClass = (l) => `link ${["ok", "broken", "unknown"].includes(l.status) ? l.status : "unknown"}`;
   const links = trace.links.map((l, index) =>
-    h("li", { class: `link ${["ok", "broken", "unknown"].includes(l.status) ? l.status : "unknown"}`, "data-link": l.name, "data-status": l.status },
-      h("div", { class: "name" }, `${index}. ${l.name}`, " ", stateBadge(l.status)),
-      l.cause ? h("p", { class: "cause" }, l.cause) : null,
-      l.fix ? h("p", { class: "fix" }, "Fix: ", l.fix) : null,
-      h("details", {}, h("summary", {}, "evidence"), h("pre", {}, JSON.stringify(l.evidence, null, 2))),
-    ));
+    h("li", { class: statusClass(l), "data-link": l.name, "data-status": l.status }, ...linkBody(l, `${index}. ${l.name}`)));
+  // The cluster's components on the node: a section beside the chain (docs/concepts.md).
+  const components = trace.components
+    ? h("div", { class: statusClass(trace.components), id: "components", "data-status": trace.components.status },
+      ...linkBody(trace.components, "components on the node"))
+    : null;
   const verdict = trace.ok
     ? h("p", { class: "ok", id: "verdict" }, "Every link holds.")
-    : h("p", { class: "bad", id: "verdict" }, `Broken at link ${trace.first_broken}: ${trace.links[trace.first_broken]?.name ?? "?"}.`);
+    : trace.first_broken === null
+      ? h("p", { class: "bad", id: "verdict" }, "Broken at the node's components.")
+      : h("p", { class: "bad", id: "verdict" }, `Broken at link ${trace.first_broken}: ${trace.links[trace.first_broken]?.name ?? "?"}.`);
   return h("section", {},
     h("h1", {}, "Trace ", link(["node", node], node), ` · ${resource}`),
     verdict,
+    components,
     h("ol", { class: "chain", id: "chain" }, links),
     h("p", { class: "muted" }, `Checked ${fmtTime(trace.checked_at)}.`),
   );

@@ -15,6 +15,7 @@ from itertools import compress
 from operator import is_not
 from typing import Final, cast
 
+import msgspec
 from msgspec.structs import astuple
 
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
@@ -27,6 +28,7 @@ from aggregator.rules.engine.duetimes import DueNodes
 from aggregator.rules.engine.peertally import PeerTally
 from aggregator.rules.engine.registry import (
     CHECKS,
+    CLUSTER_RULES,
     COUNTER_KEYS,
     NODE_RULES,
     PEER_RULES,
@@ -65,6 +67,19 @@ def _same_labels(old: ClusterView, new: ClusterView) -> bool:
     if old.nodes.keys() != new.nodes.keys():
         return False
     return all(node.labels == old.nodes[name].labels for name, node in new.nodes.items())
+
+
+def _same_objects(old: ClusterView, new: ClusterView) -> bool:
+    """The pods, NADs and IP pools the `CLUSTER_RULES` read (the watcher replaces each
+    tuple only when it changed, so identity is the usual answer)."""
+    return all(
+        a is b or a == b
+        for a, b in (
+            (old.pods, new.pods),
+            (old.attachments, new.attachments),
+            (old.ip_pools, new.ip_pools),
+        )
+    )
 
 
 class IncrementalRules:
@@ -116,8 +131,12 @@ class IncrementalRules:
         self, policies: tuple[Policy, ...], cluster: ClusterView, thresholds: Thresholds
     ) -> bool:
         """Whether `evaluate` with these would recompute everything (first call, or new
-        policies, cluster labels or thresholds)."""
-        return not self._same(self._context, policies, cluster, thresholds)
+        policies, cluster labels or thresholds) — or re-run the `CLUSTER_RULES` for every
+        node (new pods, NADs or IP pools): either is worth a worker thread."""
+        context = self._context
+        if context is None or not self._same(context, policies, cluster, thresholds):
+            return True
+        return bool(CLUSTER_RULES) and not _same_objects(cast(ClusterView, context[1]), cluster)
 
     def pending(self, fleet: Mapping[str, NodeRecord]) -> int:
         """How many nodes changed (or came or went) since the last call: its cost."""
@@ -143,7 +162,14 @@ class IncrementalRules:
         self._fleet, self._policies, self._cluster = fleet, policies, cluster
         self._now, self._thresholds = now, thresholds
         self._changed_units: dict[UnitKey, tuple[Finding, ...]] = {}
+        before = self._context
         fresh = not self._same_context(policies, cluster, thresholds)
+        # Pods, NADs or IP pools moved (labels did not): the rules reading them, everywhere.
+        objects_moved = (
+            not fresh
+            and before is not None
+            and not _same_objects(cast(ClusterView, before[1]), cluster)
+        )
         if fresh:
             self._start_over()
             self._enabled = frozenset(r for r in RULE_IDS if thresholds.enabled(r))
@@ -167,6 +193,8 @@ class IncrementalRules:
             groups.setdefault(moved, []).append(name)
 
         def touching(rule: str) -> set[str]:  # the changed nodes whose input to `rule` moved
+            if objects_moved and rule in CLUSTER_RULES:
+                return set(fleet)
             reads = READS[rule]
             names = {n for moved, of in groups.items() if moved == _ALL_FIELDS or moved & reads
                      for n in of}  # fmt: skip
@@ -257,9 +285,7 @@ class IncrementalRules:
         cluster = self._cluster
         if cluster.present and len(fleet) < len(self._fleet):
             nodes = {name: cluster.nodes[name] for name in fleet if name in cluster.nodes}
-            cluster = ClusterView(
-                present=True, nodes=nodes, pods=cluster.pods, attachments=cluster.attachments
-            )
+            cluster = msgspec.structs.replace(cluster, nodes=nodes)
         return fleet, cluster
 
     # -- node-local rules ----------------------------------------------------------------

@@ -45,6 +45,9 @@ COUNTER_KEYS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {r.id: r.counter_keys for r in ALL_RULES if r.counter_keys is not None}
 )
 CHECKS: Final[Mapping[str, Check]] = MappingProxyType({r.id: r.check for r in ALL_RULES})
+# Node-local rules reading the cluster's pods, NADs or IP pools: re-run for every node when
+# those change.
+CLUSTER_RULES: Final[frozenset[str]] = frozenset(r.id for r in ALL_RULES if r.reads_cluster)
 
 
 def sort_key(finding: Finding) -> tuple[int, str, str, str]:

@@ -73,6 +73,10 @@ KNOWN: tuple[tuple[str, dict[str, Any]], ...] = (
     ("/api/v1/trace", {"query": {"node": "gpu-001", "resource": RES}}),
     ("/api/v1/trace", {"query": {"node": "gpu-002", "resource": RES}}),
     ("/api/v1/trace", {"query": {"node": "gpu-002", "resource": "rdma/other"}}),  # 404
+    (
+        "/api/v1/trace/pods/{namespace}/{name}",
+        {"path_parameters": {"namespace": "ml", "name": "t-0"}},
+    ),
     ("/api/v1/resources", {"query": {"node": "gpu-002", "name": RES}}),
     ("/api/v1/findings", {"query": {"node": "_fleet", "severity": "warning"}}),
     ("/api/v1/alerts", {"query": {"node": "gpu-002", "status": "firing"}}),
@@ -291,7 +295,7 @@ def test_every_protected_operation_answers_401_without_a_token(secured_url: str)
             assert "401" in operation.definition.raw["responses"]
             assert response.headers["WWW-Authenticate"].startswith("Bearer")
             assert msgspec.json.decode(response.content)["error"]["code"] == "unauthorized"
-    assert protected == 9  # schemathesis leaves the document's own route out; checked here:
+    assert protected == 10  # schemathesis leaves the document's own route out; checked here:
     assert requests.get(secured_url + OPENAPI, timeout=10).status_code == 401
 
 

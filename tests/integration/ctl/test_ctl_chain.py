@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from aggregator.ctl.main import cli
+from aggregator.trace.chain import LINK_NAMES
 from tests.support.api_fixtures import serve_in_thread
 from tests.support.chain_fixtures import RES, ChainHarness, chain_cluster
 
@@ -33,12 +34,14 @@ def test_trace_ok_exits_0(server: str) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "rdma/ib on gpu-001: chain ok"
-    assert [line.split()[:3] for line in lines[1:4]] == [
+    assert lines[1] == " ✔ components ok"  # the cluster's part on the node, beside the chain
+    assert [line.split()[:3] for line in lines[2:5]] == [
         ["✔", "0", "agent"],
         ["✔", "1", "adapter"],
         ["✔", "2", "driver"],
     ]
-    assert len([line for line in lines if line.startswith(" ✔")]) == 9
+    # Every link but the never-validated tested-data-path, and the components section.
+    assert len([line for line in lines if line.startswith(" ✔")]) == len(LINK_NAMES)
     assert "\x1b" not in result.stdout
 
 
@@ -64,7 +67,8 @@ def test_trace_json_is_the_api_json_and_keeps_the_exit_code(server: str) -> None
 def test_trace_wide_shows_evidence_of_every_link(server: str) -> None:
     result = ctl("--server", server, "trace", "gpu-001", RES, "-o", "wide")
     assert result.exit_code == 0, result.output
-    assert result.stdout.count("evidence:") == 10  # with the tested-data-path link
+    # Every link's (with tested-data-path) and the components section's.
+    assert result.stdout.count("evidence:") == len(LINK_NAMES) + 1
     assert '"registration": "registered"' in result.stdout
 
 

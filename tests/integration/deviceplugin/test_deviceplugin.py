@@ -320,6 +320,7 @@ async def test_allocate_device_specs_and_envs(dirs: Dirs) -> None:
     ]
     assert dict(first.envs) == {
         "NICFLEET_RDMA_DEVICES": "mlx5_0,mlx5_1",
+        "NICFLEET_PCI_ADDRESSES": "0000:19:00.0,0000:29:00.0",
         "NICFLEET_NETDEVS": "ib0,ib1",
     }
     assert list(first.cdi_devices) == []
@@ -339,7 +340,12 @@ async def test_allocate_with_cdi_names_cdi_devices_from_the_written_spec(dirs: D
     }
     assert [c.name for c in response.cdi_devices] == ["nicfleet.io/rdma=mlx5_1"]
     assert list(response.devices) == []
-    assert response.envs["NICFLEET_RDMA_DEVICES"] == "mlx5_1"
+    assert dict(response.envs) == {  # CDI edits carry no env: Allocate still sends it
+        "NICFLEET_RDMA_DEVICES": "mlx5_1",
+        "NICFLEET_PCI_ADDRESSES": "0000:29:00.0",
+        "NICFLEET_NETDEVS": "ib1",
+    }
+    assert all("env" not in d["containerEdits"] for d in spec["devices"])
 
 
 async def test_exclusive_preferred_allocation_over_grpc(dirs: Dirs) -> None:
@@ -361,6 +367,7 @@ async def test_exclusive_preferred_allocation_over_grpc(dirs: Dirs) -> None:
     assert preferred == ("0000:29:00.0", "0000:49:00.0")  # mlx5_1 and mlx5_3 share a switch
     envs = allocated.container_responses[0].envs
     assert envs["NICFLEET_RDMA_DEVICES"] == "mlx5_1,mlx5_3"
+    assert envs["NICFLEET_PCI_ADDRESSES"] == "0000:29:00.0,0000:49:00.0"
 
 
 async def _refused(call: object) -> grpc.aio.AioRpcError:

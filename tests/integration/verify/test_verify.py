@@ -287,7 +287,7 @@ def test_roce_pod_interface_carrying_the_gid_address_is_an_rdma_path(
 ) -> None:
     tree = tmp_path / "roce"
     render(load_builtin("roce-cx6dx"), tree)
-    env = base_env(NICFLEET_RDMA_DEVICES="mlx5_0", NICFLEET_NETDEVS="net1")
+    env = base_env(NICFLEET_RDMA_DEVICES="mlx5_0", NICFLEET_NETDEVS="enp26s0f0np0")
     done = run("--sysfs-root", tree, "--dev-root", dev, "--netns", pod_netns, "-o", "json",
                env=env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from agent.deviceplugin.plan import (
     PortStates,
     ResourcePlan,
     adapter_health,
+    allocation_envs,
     plan_allocation,
     plan_resource,
     validate_ids,
@@ -168,6 +170,7 @@ def test_shared_allocate_gives_every_adapter_and_rdma_cm_once() -> None:
     assert {n.permissions for n in allocation.device_nodes} == {"rw"}
     assert dict(allocation.envs) == {
         "NICFLEET_RDMA_DEVICES": "mlx5_0,mlx5_1",
+        "NICFLEET_PCI_ADDRESSES": "0000:19:00.0,0000:29:00.0",
         "NICFLEET_NETDEVS": "ib0,ib1",
     }
     assert allocation.cdi_devices == ()
@@ -178,7 +181,8 @@ def test_cdi_allocate_names_cdi_devices_instead_of_device_nodes() -> None:
     allocation = plan_allocation(plan, ["0"], cdi=True)
     assert allocation.device_nodes == ()
     assert allocation.cdi_devices == ("nicfleet.io/rdma=mlx5_0", "nicfleet.io/rdma=mlx5_1")
-    assert dict(allocation.envs)["NICFLEET_RDMA_DEVICES"] == "mlx5_0,mlx5_1"
+    assert dict(allocation.envs) == dict(plan_allocation(plan, ["0"], cdi=False).envs)
+    assert dict(allocation.envs)["NICFLEET_PCI_ADDRESSES"] == "0000:19:00.0,0000:29:00.0"
 
 
 def test_exclusive_allocate_gives_only_the_requested_adapters() -> None:
@@ -190,7 +194,21 @@ def test_exclusive_allocate_gives_only_the_requested_adapters() -> None:
         "/dev/infiniband/issm1",
         "/dev/infiniband/rdma_cm",
     ]
-    assert dict(allocation.envs) == {"NICFLEET_RDMA_DEVICES": "mlx5_1", "NICFLEET_NETDEVS": "ib1"}
+    assert dict(allocation.envs) == {
+        "NICFLEET_RDMA_DEVICES": "mlx5_1",
+        "NICFLEET_PCI_ADDRESSES": "0000:29:00.0",
+        "NICFLEET_NETDEVS": "ib1",
+    }
+
+
+def test_allocation_envs_leave_out_an_unknown_pci_address() -> None:
+    known = _plan(rdma_device("mlx5_0", 0)).adapters[0]
+    unknown = dataclasses.replace(known, name="mlx5_9", pci_address=None, netdevs=())
+    assert allocation_envs([known, unknown]) == (
+        ("NICFLEET_RDMA_DEVICES", "mlx5_0,mlx5_9"),
+        ("NICFLEET_PCI_ADDRESSES", "0000:19:00.0"),
+        ("NICFLEET_NETDEVS", "ib0"),
+    )
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,11 @@ from agent.verify.verdict import (
     judge,
     match_gids,
     parse_env_list,
+    target_devices,
 )
 from proto.inventory import Gid
 from proto.messages.validation import (
+    AttachmentEvidence,
     DeviceEvidence,
     Evidence,
     InterfaceEvidence,
@@ -33,6 +35,17 @@ from proto.messages.validation import (
 )
 
 ROCE_POD_NET = InterfaceEvidence(name="net1", operstate="up", addresses=("10.10.0.11/24",))
+WRONG_NET1 = InterfaceEvidence(name="net1", operstate="up", addresses=("10.99.0.5/24",))
+DEFAULT_NET = AttachmentEvidence(name="k8s-pod-network", interface="eth0", default=True)
+# the roce-cx6dx lab node: mlx5_0 is 0000:1a:00.0, mlx5_1 0000:1a:00.1
+NET1_ON_MLX5_0 = AttachmentEvidence(name="default/rdma-net", interface="net1",
+                                    device_type="pci", pci_address="0000:1a:00.0",
+                                    rdma_device="mlx5_0")  # fmt: skip
+NET1_ON_MLX5_1 = AttachmentEvidence(name="default/rdma-net", interface="net1",
+                                    device_type="pci", pci_address="0000:1a:00.1",
+                                    rdma_device="mlx5_1")  # fmt: skip
+ROCE_ENV = {"NICFLEET_RDMA_DEVICES": "mlx5_0", "NICFLEET_PCI_ADDRESSES": "0000:1a:00.0",
+            "NICFLEET_NETDEVS": "enp26s0f0np0"}  # fmt: skip
 POD_ETH0 = InterfaceEvidence(name="eth0", operstate="up", addresses=("192.0.2.2/24",))
 VERBS_OFF = VerbsEvidence(checked=False, detail="not checked")
 
@@ -73,6 +86,7 @@ class Case:
     verdict: Verdict = "rdma-path"
     codes: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
+    attachments: tuple[AttachmentEvidence, ...] = ()
 
 
 def evidence_for(case: Case, trees: dict[str, Path], tmp_path: Path) -> Evidence:
@@ -83,11 +97,10 @@ def evidence_for(case: Case, trees: dict[str, Path], tmp_path: Path) -> Evidence
         devices=devices,
         interfaces=case.interfaces,
         gid_matches=match_gids(devices, case.interfaces),
-        injected=injected_evidence(
-            case.env, [d.name for d in devices], [i.name for i in case.interfaces]
-        ),
+        injected=injected_evidence(case.env, devices),
         verbs=case.verbs,
         errors=errors,
+        attachments=case.attachments,
     )
 
 
@@ -116,17 +129,47 @@ CASES = [
     ),
     pytest.param(
         Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"),
-             env={"NICFLEET_RDMA_DEVICES": "mlx5_0"}, verdict="broken",
+             env={"NICFLEET_RDMA_DEVICES": "mlx5_0"}, verdict="ordinary-interface-only",
+             codes=("primary-interface-only",),
+             missing=("RoCE GID of mlx5_0 equal to a pod interface address",)),
+        id="roce-device-but-only-the-primary-interface",
+    ),
+    pytest.param(
+        Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"), env=ROCE_ENV,
+             interfaces=(POD_ETH0, WRONG_NET1), verdict="broken",
              codes=("gid-not-on-pod-interface",),
              missing=("RoCE GID of mlx5_0 equal to a pod interface address",)),
-        id="roce-gid-not-on-pod-interface",
+        id="roce-secondary-interface-without-the-gid-address",
+    ),
+    pytest.param(
+        Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"), env=ROCE_ENV,
+             interfaces=(POD_ETH0, ROCE_POD_NET), attachments=(DEFAULT_NET, NET1_ON_MLX5_1),
+             verdict="broken", codes=("attachment-not-allocated",),
+             missing=("device-info PCI address in 0000:1a:00.0",)),
+        id="roce-attachment-on-another-adapter",
+    ),
+    pytest.param(
+        Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"), env=ROCE_ENV,
+             interfaces=(POD_ETH0,),
+             attachments=(DEFAULT_NET, NET1_ON_MLX5_0), verdict="broken",
+             codes=("attachment-interface-missing", "primary-interface-only"),
+             missing=("pod interface net1",
+                      "RoCE GID of mlx5_0 equal to a pod interface address")),
+        id="roce-attachment-interface-not-in-pod",
     ),
     pytest.param(
         Case(tree="a100-ib-4nic", chars=("uverbs0", "rdma_cm"),
              env={"NICFLEET_RDMA_DEVICES": "mlx5_0,mlx5_9", "NICFLEET_NETDEVS": "ib0"},
-             verdict="broken", codes=("injected-device-not-visible", "injected-netdev-not-in-pod"),
-             missing=("/sys/class/infiniband/mlx5_9", "pod interface ib0")),
-        id="injected-not-visible",
+             verdict="broken", codes=("injected-device-not-visible",),
+             missing=("/sys/class/infiniband/mlx5_9",)),
+        id="injected-not-visible-host-netdevs-not-required",
+    ),
+    pytest.param(
+        Case(tree="a100-ib-4nic", chars=("uverbs0", "rdma_cm"),
+             env={"NICFLEET_PCI_ADDRESSES": "0000:77:00.0"},
+             verdict="broken", codes=("injected-pci-not-visible",),
+             missing=("RDMA device at PCI 0000:77:00.0",)),
+        id="injected-pci-not-visible",
     ),
     pytest.param(
         Case(tree="a100-ib-4nic", chars=("uverbs0",),
@@ -151,9 +194,13 @@ CASES = [
     ),
     pytest.param(
         Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"),
-             interfaces=(POD_ETH0, ROCE_POD_NET),
-             env={"NICFLEET_RDMA_DEVICES": "mlx5_0", "NICFLEET_NETDEVS": "net1"}),
-        id="all-good-roce",
+             interfaces=(POD_ETH0, ROCE_POD_NET), env=ROCE_ENV),
+        id="all-good-roce-host-netdev-names-absent",
+    ),
+    pytest.param(
+        Case(tree="roce-cx6dx", chars=("uverbs0", "rdma_cm"), env=ROCE_ENV,
+             interfaces=(POD_ETH0, ROCE_POD_NET), attachments=(DEFAULT_NET, NET1_ON_MLX5_0)),
+        id="all-good-roce-with-network-status",
     ),
     pytest.param(
         Case(tree="a100-ib-4nic", chars=("uverbs1",)),
@@ -244,7 +291,27 @@ def test_parse_env_list(value: str | None, parsed: tuple[str, ...] | None) -> No
 
 def test_bad_interface_addresses_are_skipped_not_fatal() -> None:
     odd = InterfaceEvidence(name="x", addresses=("garbage", "10.0.0.1/33", "10.10.0.11/24"))
-    assert injected_evidence({}, [], ["x"]).matches is None
+    assert injected_evidence({}, []).matches is None
     device = DeviceEvidence(name="d", ports=(PortEvidence(port=1, link_layer="Ethernet",
         gids=(Gid(index=0, gid="0000:0000:0000:0000:0000:ffff:0a0a:000b"),)),))  # fmt: skip
     assert [m.interface for m in match_gids([device], [odd])] == ["x"]
+
+
+def test_pair_test_port_of_a_multus_pod_is_its_net1_gid(
+    trees: dict[str, Path], tmp_path: Path
+) -> None:
+    """The pair test inherits the identification: the RoCE v2 GID of net1's address, with
+    the host's netdev names in the env and none of them in the pod."""
+    case = Case(tree="roce-cx6dx", chars=("uverbs0",), interfaces=(POD_ETH0, ROCE_POD_NET),
+                env=ROCE_ENV, attachments=(DEFAULT_NET, NET1_ON_MLX5_0))  # fmt: skip
+    evidence = evidence_for(case, trees, tmp_path)
+    assert judge(evidence) == ("rdma-path", ())
+    assert choose_port(evidence) == ("mlx5_0", 1, 3)
+
+
+def test_targets_by_injected_pci_address(trees: dict[str, Path], tmp_path: Path) -> None:
+    case = Case(tree="roce-cx6dx", chars=("uverbs0", "uverbs1"),
+                env={"NICFLEET_PCI_ADDRESSES": "0000:1a:00.1"})  # fmt: skip
+    evidence = evidence_for(case, trees, tmp_path)
+    assert target_devices(evidence) == ("mlx5_1",)
+    assert evidence.injected.matches is True

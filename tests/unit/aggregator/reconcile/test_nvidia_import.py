@@ -1,4 +1,5 @@
-"""Audit of NVIDIA's NicClusterPolicy plugin config against the fleet (pure)."""
+"""Findings of the NicClusterPolicy audit against the fleet (pure): upstream would not start
+(or the webhook refuses), advertises 0 on every node, nicfleet would differ, other sections."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import pytest
 
 from aggregator.fleet.state import NodeRecord
 from aggregator.reconcile.nvidia import (
+    RULE_DIFFERS,
     RULE_INVALID,
     RULE_MATCHES_NOTHING,
+    RULE_SECTION,
     audit_nic_cluster_policy,
-    selects,
 )
-from proto.messages.config import ResourceConfig, Selectors
 from tests.support.builders import T0, nic, snapshot
 
 FLEET = {
@@ -75,7 +76,7 @@ def test_nothing_to_audit(obj: dict[str, Any]) -> None:
     ("config", "path", "words"),
     [
         pytest.param("{not json", "config", "not valid JSON", id="not-json"),
-        pytest.param("configList: []", "config", "JSON only", id="yaml-not-json"),
+        pytest.param("configList: []", "config", "not valid JSON", id="yaml-not-json"),
         pytest.param(42, "config", "must be a string", id="not-a-string"),
         pytest.param(
             {
@@ -84,60 +85,69 @@ def test_nothing_to_audit(obj: dict[str, Any]) -> None:
                 ]
             },
             "config.configList[0].rdmaHcaMax",
-            "between 0",
+            "rdmaHcaMax < 0",
             id="negative-hca-max",
         ),
         pytest.param(
             {"configList": [{"resourceName": "a", "rdmaHcaMax": 1}]},
             "config.configList[0].selectors",
-            "select nothing",
+            "neither",
             id="no-selectors",
         ),
         pytest.param(
             {"configList": [entry("rdma-a")]},
             "config.configList[0].resourceName",
-            "only letters, digits and '_'",
+            "invalid characters",
             id="upstream-name",
         ),
         pytest.param(
             {"configList": [entry("a"), {**entry("a"), "resourcePrefix": "other"}]},
             "config.configList[1].resourceName",
-            "duplicate",
+            "already exists",
             id="duplicate-without-prefix",
         ),
         pytest.param(
             {"configList": [entry("a", numaNodes=[0])]},
-            "config.configList[0]",
-            "refuses to start",
+            "config.configList[0].selectors",
+            "neither",
             id="only-nicfleet-selectors",
         ),
-        pytest.param({"configList": []}, "config.configList", "empty", id="empty-list"),
-        pytest.param({"configLst": []}, "config.configLst", "did you mean", id="typo"),
+        pytest.param({"configList": []}, "config.configList", "no resources", id="empty-list"),
+        pytest.param({"configLst": []}, "config.configList", "no resources", id="typo-ignored"),
+        pytest.param(
+            {"configList": [{**entry("a"), "rdmaHcaMax": "63"}]},
+            "config.configList[0].rdmaHcaMax",
+            "cannot unmarshal string",
+            id="string-hca-max",
+        ),
     ],
 )
-def test_invalid_config_is_a_finding_naming_the_field(config: Any, path: str, words: str) -> None:
+def test_upstream_would_not_start_is_a_finding_naming_the_field(
+    config: Any, path: str, words: str
+) -> None:
     obj = ncp(config) if not isinstance(config, int) else ncp(None)
     if isinstance(config, int):
         obj["spec"]["rdmaSharedDevicePlugin"]["config"] = config
     findings = audit_nic_cluster_policy(obj, FLEET)
     assert findings, "expected a finding"
     finding = findings[0]
-    assert finding.rule == RULE_INVALID
+    assert (finding.rule, finding.severity) == (RULE_INVALID, "critical")
     assert finding.node is None
     assert finding.subject == "NicClusterPolicy/nic-cluster-policy"
     assert str(finding.evidence["path"]) == f"spec.rdmaSharedDevicePlugin.{path}"
     assert words in finding.message
+    assert "upstream would not start" in finding.message
 
 
-def test_nicfleet_only_selector_next_to_upstream_ones_is_a_warning() -> None:
-    config = {"configList": [entry("a", vendors=["15b3"], linkLayers=["InfiniBand"])]}
-    (finding,) = audit_nic_cluster_policy(ncp(config), FLEET)
-    assert (finding.rule, finding.severity) == (RULE_INVALID, "warning")
-    assert "selectors.linkLayers" in finding.message
-    assert "more adapters" in finding.message
+def test_webhook_refusal_is_a_finding() -> None:
+    config = {"configList": [{"resourceName": "a", "selectors": {"vendors": ["15b3"]}}]}
+    findings = audit_nic_cluster_policy(ncp(config), FLEET)
+    refused = [f for f in findings if "webhook refuses" in f.message]
+    assert refused and refused[0].rule == RULE_INVALID
+    assert "rdmaHcaMax is required" in refused[0].message
 
 
-def test_selector_matching_nothing() -> None:
+def test_selector_matching_nothing_on_every_node() -> None:
     config = {
         "configList": [
             entry("ib", deviceIDs=["1021"], linkTypes=["infiniband"]),
@@ -151,27 +161,32 @@ def test_selector_matching_nothing() -> None:
         (RULE_MATCHES_NOTHING, "NicClusterPolicy/nic-cluster-policy/cx6"),
         (RULE_MATCHES_NOTHING, "NicClusterPolicy/nic-cluster-policy/wrong_if"),
     }
-    assert all(f.evidence["adapters"] == 2 for f in findings)
+    cx6 = next(f for f in findings if f.subject.endswith("/cx6"))
+    assert "deviceIDs ['101b'] does not contain '1021'" in cx6.message
+
+
+def test_nicfleet_differs_per_node() -> None:
+    config = {"configList": [entry("ib", deviceIDs=["0x1021"])]}
+    findings = audit_nic_cluster_policy(ncp(config), FLEET)
+    differs = [f for f in findings if f.rule == RULE_DIFFERS]
+    assert [(f.node, f.severity) for f in differs] == [("gpu-001", "warning")]
+    assert "upstream advertises 0, nicfleet would advertise 63" in differs[0].message
+
+
+def test_other_sections_become_findings_skipping_info() -> None:
+    obj = ncp(None)
+    obj["spec"]["ofedDriver"] = {"version": "latest"}
+    obj["spec"]["nvIpam"] = {"image": "nvidia-k8s-ipam"}
+    obj["status"] = {"state": "error", "reason": "driver pod crashed"}
+    findings = audit_nic_cluster_policy(obj, FLEET)
+    assert {(f.rule, f.severity, f.evidence["path"]) for f in findings} == {
+        (RULE_SECTION, "warning", "spec.nvIpam"),
+        (RULE_SECTION, "warning", "status.state"),
+        (RULE_SECTION, "critical", "spec.ofedDriver.version"),
+    }
 
 
 def test_no_inventory_means_no_matching_verdict() -> None:
     config = {"configList": [entry("cx6", deviceIDs=["101b"])]}
     empty = {"gpu-002": FLEET["gpu-002"]}
     assert audit_nic_cluster_policy(ncp(config), empty) == ()
-
-
-@pytest.mark.parametrize(
-    ("selectors", "devices", "expected"),
-    [
-        pytest.param(Selectors(vendors=("15b3",)), (), True, id="vendor"),
-        pytest.param(Selectors(vendors=("8086",)), (), False, id="other-vendor"),
-        pytest.param(Selectors(drivers=("mlx5_core",)), (), True, id="driver"),
-        pytest.param(Selectors(if_names=("ib0",)), (), True, id="ifname"),
-        pytest.param(None, ("ib0",), True, id="devices-as-ifnames"),
-        pytest.param(Selectors(link_types=("ether",)), (), False, id="link-type"),
-        pytest.param(Selectors(vendors=("15b3",), device_ids=("101d",)), (), False, id="all-anded"),
-    ],
-)
-def test_selects(selectors: Selectors | None, devices: tuple[str, ...], expected: bool) -> None:
-    resource = ResourceConfig(resource_name="r", selectors=selectors, devices=devices)
-    assert selects(resource, nic("mlx5_0", netdevs=("ib0",))) is expected

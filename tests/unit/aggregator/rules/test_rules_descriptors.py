@@ -12,11 +12,13 @@ import pytest
 
 from aggregator.cluster import NO_CLUSTER
 from aggregator.rules import (
+    attachments,
     clockskew,
     counters,
     dataquality,
     fleetpolicy,
     links,
+    pluginconfig,
     topology,
     versions,
 )
@@ -43,6 +45,8 @@ FAMILIES = (
     (counters, "counters"),
     (versions, "versions"),
     (fleetpolicy, "fleet"),
+    (pluginconfig, "fleet"),
+    (attachments, "fleet"),
     (dataquality, "data"),
     (clockskew, "data"),
 )

@@ -298,7 +298,7 @@ def test_resource_served_without_a_policy() -> None:
                     NetworkAttachment(namespace="ml", name="eth", resource_name=RES, master="eth9"),
                 ),
             ),
-            "pods",
+            "attachment",
             "ml/eth uses master 'eth9', not a netdev of the adapters selected for rdma/ib",
             id="nad-wrong-master",
         ),

@@ -1,0 +1,275 @@
+"""Audit of an NVIDIA network-operator NicClusterPolicy (and NicNodePolicy) against node
+snapshots: per node and per RDMA resource, what the upstream plugin would do ("would not
+start", "advertises 0 for X: why", "advertises N") and where nicfleet would differ; plus the
+operator's other sections (ofedDriver, secondaryNetwork, nvIpam, sriovDevicePlugin, status).
+
+Pure: the object dicts and snapshots in, an AuditReport out. Upstream semantics are
+proto.rsdpupstream's; nicfleet's config rules are proto.dpconfig's. Here (not in
+aggregator.reconcile) so that nicfleetctl can run it offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
+
+import msgspec
+
+from proto import rsdpupstream as upstream
+from proto.dpconfig import ConfigError, normalize_pci_id, parse_device_plugin_config
+from proto.dpconfigdecode import Invalid, decode
+from proto.inventory import Device, NodeSnapshot
+from proto.messages.config import ResourceConfig, Selectors
+from proto.nicpolicysections import (
+    Note,
+    Severity,
+    node_policy_notes,
+    ofed_notes,
+    secondary_network_notes,
+    sriov_notes,
+    status_notes,
+)
+
+Verdict = Literal["would-not-start", "advertises", "no-inventory"]
+_NICFLEET_REQUIRED: Final = ("uverbs", "umad")  # agent.deviceplugin.selectors._REQUIRED
+_ARPHRD_LINK_TYPES: Final = {1: "ether", 32: "infiniband"}
+_LAYER_LINK_TYPES: Final = {"Ethernet": "ether", "InfiniBand": "infiniband"}
+_PLUGIN_CONFIG: Final = "spec.rdmaSharedDevicePlugin.config"
+
+
+class ResourceVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    resource: str  # rdma/rdma_shared_device_a
+    advertised: int  # upstream's count on this node
+    selected: tuple[str, ...] = ()  # PCI addresses upstream serves
+    why: str | None = None  # set when upstream advertises 0
+    nicfleet: int | None = None  # nicfleet's count where it differs; None: same
+    nicfleet_why: str | None = None
+
+
+class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    verdict: Verdict
+    reason: str | None = None  # why it would not start
+    resources: tuple[ResourceVerdict, ...] = ()
+
+    @property
+    def sentence(self) -> str:
+        if self.verdict == "would-not-start":
+            return f"upstream would not start: {self.reason}"
+        if self.verdict == "no-inventory":
+            return "no inventory for this node"
+        parts = []
+        for r in self.resources:
+            said = f"upstream advertises {r.advertised} for {r.resource}"
+            parts.append(f"{said}: {r.why}" if r.advertised == 0 and r.why else said)
+        return "; ".join(parts)
+
+
+class PolicyAudit(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # NicClusterPolicy or NicNodePolicy
+    name: str
+    nodes: tuple[NodeVerdict, ...] = ()
+    notes: tuple[Note, ...] = ()
+    start_failure: upstream.StartFailure | None = None
+    nicfleet_refuses: str | None = None  # nicfleet's first error in the document, if any
+
+
+class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
+    policies: tuple[PolicyAudit, ...]
+
+    @property
+    def worst(self) -> Severity | None:
+        order: dict[Severity, int] = {"critical": 0, "warning": 1, "info": 2}
+        found: list[Severity] = [n.severity for p in self.policies for n in p.notes]
+        found += ["critical" for p in self.policies if p.start_failure is not None]
+        found += [
+            "warning"
+            for p in self.policies
+            for v in p.nodes
+            for r in v.resources
+            if r.advertised == 0 or r.nicfleet is not None
+        ]
+        if not found:
+            return None
+        return min(found, key=lambda s: order[s])
+
+
+def audit(objs: Sequence[Mapping[str, Any]], snapshots: Mapping[str, NodeSnapshot]) -> AuditReport:
+    """Audit every NicClusterPolicy / NicNodePolicy in `objs` against the snapshots."""
+    return AuditReport(policies=tuple(audit_policy(obj, snapshots) for obj in objs))
+
+
+def audit_policy(obj: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) -> PolicyAudit:
+    kind = str(obj.get("kind") or "NicClusterPolicy")
+    name = str(_map(obj.get("metadata")).get("name") or "")
+    spec = _map(obj.get("spec"))
+    notes: list[Note] = []
+    if kind == "NicNodePolicy":
+        notes.extend(node_policy_notes(name, spec))
+    notes.extend(ofed_notes(_map(spec.get("ofedDriver")), snapshots))
+    notes.extend(secondary_network_notes(spec, snapshots))
+    notes.extend(sriov_notes(_map(spec.get("sriovDevicePlugin")), snapshots))
+    notes.extend(status_notes(_map(obj.get("status"))))
+    plugin = _map(spec.get("rdmaSharedDevicePlugin"))
+    raw = plugin.get("config")
+    if not plugin or raw is None:
+        return PolicyAudit(kind=kind, name=name, notes=tuple(notes))
+    if not isinstance(raw, str):
+        failure = upstream.StartFailure(stage="decode", path="", reason="config must be a string")
+        return PolicyAudit(kind=kind, name=name, notes=tuple(notes), start_failure=failure)
+    notes.extend(
+        Note(
+            section="webhook",
+            severity="critical",
+            path=_PLUGIN_CONFIG,
+            message=f"the operator's webhook refuses the config: {e}",
+        )
+        for e in upstream.webhook_errors(raw)
+    )
+    nicfleet, refuses = _nicfleet_config(raw)
+    config = upstream.read_config(raw)
+    if isinstance(config, upstream.StartFailure):
+        reason = _failure_text(config)
+        nodes = tuple(
+            NodeVerdict(node=n, verdict="would-not-start", reason=reason) for n in sorted(snapshots)
+        )
+        return PolicyAudit(
+            kind=kind,
+            name=name,
+            nodes=nodes,
+            notes=tuple(notes),
+            start_failure=config,
+            nicfleet_refuses=refuses,
+        )
+    nodes = tuple(_node_verdict(config, nicfleet, snapshots[n]) for n in sorted(snapshots))
+    return PolicyAudit(
+        kind=kind, name=name, nodes=nodes, notes=tuple(notes), nicfleet_refuses=refuses
+    )
+
+
+def _node_verdict(
+    config: upstream.Config,
+    nicfleet: Sequence[ResourceConfig | str],
+    snap: NodeSnapshot,
+) -> NodeVerdict:
+    if not snap.devices and snap.errors:
+        return NodeVerdict(node=snap.node, verdict="no-inventory")
+    found = upstream.adapters(snap)
+    verdicts = []
+    for i, resource in enumerate(config.resources):
+        prediction = upstream.predict(resource, found)
+        why = None if prediction.advertised else _zero_why(resource, prediction)
+        ours, ours_why = _nicfleet_count(nicfleet[i] if i < len(nicfleet) else None, snap)
+        differs = ours != prediction.advertised
+        verdicts.append(
+            ResourceVerdict(
+                resource=prediction.resource,
+                advertised=prediction.advertised,
+                selected=prediction.selected,
+                why=why,
+                nicfleet=ours if differs else None,
+                nicfleet_why=ours_why if differs else None,
+            )
+        )
+    return NodeVerdict(node=snap.node, verdict="advertises", resources=tuple(verdicts))
+
+
+def _zero_why(resource: upstream.Resource, prediction: upstream.Prediction) -> str:
+    if prediction.selected:
+        return "rdmaHcaMax is 0 (absent): the plugin creates 0 devices for the selected adapters"
+    if not prediction.unmatched:
+        return "the node has no RDMA adapter"
+    # Group the adapters by reason: a 12-adapter node has two or three distinct ones.
+    by_reason: dict[str, list[str]] = {}
+    for u in prediction.unmatched:
+        by_reason.setdefault(u.reason, []).append(u.adapter)
+    reasons = "; ".join(
+        f"{a[0]}{f' and {len(a) - 1} more' if len(a) > 1 else ''}: {r}"
+        for r, a in by_reason.items()
+    )
+    return f"no adapter matches ({reasons})"
+
+
+def _nicfleet_config(raw: str) -> tuple[list[ResourceConfig | str], str | None]:
+    """Each configList entry as nicfleet's plugin takes it (it serves every valid resource):
+    the entry, or why it refuses it; and the document's first error, if any."""
+    try:
+        parse_device_plugin_config(raw, source=_PLUGIN_CONFIG)
+        whole = None
+    except ConfigError as exc:
+        whole = _config_error(exc)
+    try:
+        document = decode(raw)
+    except Invalid as exc:
+        return [], f"{exc.path}: {exc.reason}"
+    if not isinstance(document, dict):
+        return [], whole
+    entries = document.get("configList")
+    out: list[ResourceConfig | str] = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else ()):
+        alone = {**document, "configList": [entry]}
+        try:
+            out.append(parse_device_plugin_config(alone, source=_PLUGIN_CONFIG).config_list[0])
+        except ConfigError as exc:
+            out.append(_config_error(exc).replace("configList[0]", f"configList[{i}]", 1))
+    return out, whole
+
+
+def _config_error(exc: ConfigError) -> str:
+    entry = "" if exc.resource_name is None else f" (resourceName {exc.resource_name!r})"
+    return f"{exc.path}{entry}: {exc.reason}"
+
+
+def _nicfleet_count(ours: ResourceConfig | str | None, snap: NodeSnapshot) -> tuple[int, str]:
+    if ours is None:
+        return 0, "nicfleet does not read this entry"
+    if isinstance(ours, str):
+        return 0, f"nicfleet would advertise 0: it refuses this resource: {ours}"
+    matched = [d for d in snap.devices if nicfleet_selects(ours, d) and _nicfleet_servable(d)]
+    count = len(matched) if ours.exclusive else (ours.rdma_hca_max if matched else 0)
+    names = ", ".join(d.name for d in matched) or "none"
+    return count, f"nicfleet would advertise {count}: its selectors match {names}" + _LOOSER
+
+
+_LOOSER: Final = (
+    " (nicfleet reads IDs with or without 0x in any case, every netdev of an adapter, and"
+    " the port's link layer when there is no netdev)"
+)
+
+
+def nicfleet_selects(resource: ResourceConfig, device: Device) -> bool:
+    """nicfleet's matching (agent.deviceplugin.selectors, at adapter level): IDs normalized,
+    any netdev for ifNames, the port's link layer when no netdev has a type."""
+    s = resource.selectors or Selectors()
+    if_names = s.if_names or resource.devices
+    link_types = {
+        _ARPHRD_LINK_TYPES[i.type] for i in device.interfaces if i.type in _ARPHRD_LINK_TYPES
+    } or {
+        _LAYER_LINK_TYPES[p.link_layer] for p in device.ports if p.link_layer in _LAYER_LINK_TYPES
+    }
+    checks = (
+        (s.vendors, {normalize_pci_id(device.vendor_id or "")}),
+        (s.device_ids, {normalize_pci_id(device.device_id or "")}),
+        (s.drivers, {device.driver or ""}),
+        (if_names, set(device.netdevs)),
+        (s.link_types, link_types),
+        (s.pci_addresses, {device.pci_address or ""}),
+        (s.rdma_devices, {device.name}),
+    )
+    return all(not wanted or set(wanted) & have for wanted, have in checks)
+
+
+def _nicfleet_servable(device: Device) -> bool:
+    names = [p.rsplit("/", 1)[-1] for p in device.char_devices]
+    return all(any(n.startswith(need) for n in names) for need in _NICFLEET_REQUIRED)
+
+
+def _failure_text(failure: upstream.StartFailure) -> str:
+    where = f"{_PLUGIN_CONFIG}.{failure.path}" if failure.path else _PLUGIN_CONFIG
+    if failure.stage == "decode":
+        return f"{where}: the config is not valid for Go's json.Unmarshal: {failure.reason}"
+    return f"{where}: ValidateConfigs: {failure.reason}"
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

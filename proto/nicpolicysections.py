@@ -1,0 +1,326 @@
+"""The NicClusterPolicy sections besides the RDMA shared device plugin, against the fleet:
+ofedDriver (the webhook's version pattern, then each node's mlx5_core), secondaryNetwork,
+nvIpam, sriovDevicePlugin selectors, the operator's status, NicNodePolicy names. Pure:
+the spec and snapshots in, Notes out; proto.nicclusterpolicy assembles the audit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Literal
+
+import msgspec
+
+from proto.gojson import GoJsonError, objects, parse_json
+from proto.inventory import Device, NodeSnapshot
+
+Severity = Literal["critical", "warning", "info"]
+# isValidOFEDVersion (api/v1alpha1/validator/nicpolicy_webhook.go at b06827e).
+_OFED_VERSION: Final = re.compile(
+    r"(sha256:[a-fA-F0-9]{64}|doca\d+\.\d+(\.\d+)?-\d+\.\d+-\d+\.\d+\.\d+\.\d+-\d+(-[\w\.\-]+)*"
+    r"|\d+\.\d+-\d+(\.\d+)*(-\d+)?(-[\w\.\-]+)*)\Z"
+)
+# "26.07-0.7.0" of "doca3.5.0-26.07-0.7.0.0-0" or "24.10-1.1.4.0": the MOFED release that
+# mlx5_core's modinfo version starts with ("24.10-1.1.4").
+_OFED_RELEASE: Final = re.compile(r"(?:doca[\d.]+-)?(\d+\.\d+)-(\d+)\.(\d+)\.(\d+)")
+_NODE_POLICY_NAME_MAX: Final = 30  # maxNicNodePolicyNameLength (its message says 50)
+_ARPHRD_LINK_TYPES: Final = {1: "ether", 32: "infiniband"}
+
+
+class Note(msgspec.Struct, frozen=True, kw_only=True):
+    """One finding about a section of the policy (not about one resource on one node)."""
+
+    section: str  # ofedDriver, webhook, secondaryNetwork, nvIpam, sriovDevicePlugin, status, ...
+    severity: Severity
+    path: str  # spec.ofedDriver.version
+    message: str
+    node: str | None = None
+
+
+def ofed_notes(ofed: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) -> list[Note]:
+    """spec.ofedDriver.version: the webhook's pattern, then against each node's mlx5_core."""
+    if not ofed:
+        return []
+    path = "spec.ofedDriver.version"
+    version = str(ofed.get("version") or "")
+    if not _OFED_VERSION.match(version):
+        return [
+            Note(
+                section="ofedDriver",
+                severity="critical",
+                path=path,
+                message=f"the operator's webhook refuses version {version!r}: not an OFED/DOCA"
+                " version",
+            )
+        ]
+    release = _OFED_RELEASE.match(version)
+    if release is None:  # a sha256 digest: nothing to compare modules with
+        return [
+            Note(
+                section="ofedDriver",
+                severity="info",
+                path=path,
+                message=f"version {version} is an image digest: module versions cannot be compared",
+            )
+        ]
+    want = f"{release.group(1)}-{release.group(2)}.{release.group(3)}.{release.group(4)}"
+    notes = []
+    for node in sorted(snapshots):
+        module = snapshots[node].modules.get("mlx5_core")
+        have = module.version if module is not None else None
+        if module is None:
+            msg = f"mlx5_core is not loaded: the driver container ({want}) has not loaded it yet"
+            notes.append(
+                Note(section="ofedDriver", severity="warning", path=path, message=msg, node=node)
+            )
+        elif have is None or not _OFED_RELEASE.match(have):
+            msg = (
+                f"mlx5_core {have or '(no version)'} is the inbox driver, not OFED {want}:"
+                " the driver container has not replaced it"
+            )
+            notes.append(
+                Note(section="ofedDriver", severity="warning", path=path, message=msg, node=node)
+            )
+        elif not have.startswith(want):
+            msg = f"mlx5_core {have} is loaded, the policy asks for {want} ({version})"
+            notes.append(
+                Note(section="ofedDriver", severity="warning", path=path, message=msg, node=node)
+            )
+    return notes
+
+
+def secondary_network_notes(
+    spec: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]
+) -> list[Note]:
+    secondary = _map(spec.get("secondaryNetwork"))
+    notes = []
+    if (
+        secondary
+        and not _has(secondary, "multus")
+        and (_has(secondary, "cniPlugins") or _has(secondary, "ipoib"))
+    ):
+        notes.append(
+            Note(
+                section="secondaryNetwork",
+                severity="warning",
+                path="spec.secondaryNetwork.multus",
+                message="CNI plugins without Multus: pods get no secondary network unless another"
+                " meta plugin attaches them",
+            )
+        )
+    if _has(secondary, "ipoib"):
+        ib = [
+            n
+            for n, s in snapshots.items()
+            if any(p.link_layer == "InfiniBand" for d in s.devices for p in d.ports)
+        ]
+        if snapshots and not ib:
+            notes.append(
+                Note(
+                    section="secondaryNetwork",
+                    severity="warning",
+                    path="spec.secondaryNetwork.ipoib",
+                    message="ipoib-cni is deployed but no node has an InfiniBand port:"
+                    " IPoIBNetworks cannot attach",
+                )
+            )
+    if _has(secondary, "ipoib") and not _has(secondary, "cniPlugins"):
+        notes.append(
+            Note(
+                section="secondaryNetwork",
+                severity="info",
+                path="spec.secondaryNetwork.cniPlugins",
+                message="no cniPlugins: ipoib needs no other plugin, but macvlan/host-device"
+                " networks do",
+            )
+        )
+    if _has(spec, "nvIpam") and not _has(secondary, "multus"):
+        notes.append(
+            Note(
+                section="nvIpam",
+                severity="warning",
+                path="spec.nvIpam",
+                message="nv-ipam allocates for secondary networks, and the policy deploys no"
+                " Multus",
+            )
+        )
+    if _has(spec, "nvIpam") and _has(secondary, "ipamPlugin"):
+        notes.append(
+            Note(
+                section="nvIpam",
+                severity="info",
+                path="spec.secondaryNetwork.ipamPlugin",
+                message="both nv-ipam and the whereabouts ipamPlugin are deployed: each network"
+                " picks one in its ipam type",
+            )
+        )
+    return notes
+
+
+def sriov_notes(plugin: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) -> list[Note]:
+    """sriovDevicePlugin.config resourceList selectors against the fleet's adapters (PFs and
+    VFs), compared as sriov-network-device-plugin does: exact strings, pfNames on the PF."""
+    raw = plugin.get("config")
+    path = "spec.sriovDevicePlugin.config"
+    if not plugin or raw is None:
+        return []
+    if not isinstance(raw, str):
+        return [
+            Note(
+                section="sriovDevicePlugin",
+                severity="critical",
+                path=path,
+                message="config must be a string holding JSON",
+            )
+        ]
+    try:
+        top = objects(parse_json(raw))
+    except GoJsonError as exc:
+        return [
+            Note(
+                section="sriovDevicePlugin",
+                severity="critical",
+                path=path,
+                message="the operator's webhook refuses it: Invalid json of"
+                f" SriovNetworkDevicePluginConfig ({exc.reason})",
+            )
+        ]
+    items = (top or {}).get("resourceList")
+    if not isinstance(items, list):
+        return [
+            Note(
+                section="sriovDevicePlugin",
+                severity="critical",
+                path=f"{path}.resourceList",
+                message="missing or not a list",
+            )
+        ]
+    devices = [(n, d, s) for n, s in snapshots.items() for d in s.devices]
+    notes = []
+    for i, item in enumerate(items):
+        entry = objects(item) or {}
+        name = entry.get("resourceName")
+        chosen = entry.get("selectors")
+        groups = (
+            [objects(g) or {} for g in chosen]
+            if isinstance(chosen, list)
+            else [objects(chosen) or {}]
+        )
+        hits = sorted(
+            {f"{n}/{d.name}" for n, d, s in devices if any(_sriov_selects(g, d, s) for g in groups)}
+        )
+        if snapshots and not hits:
+            notes.append(
+                Note(
+                    section="sriovDevicePlugin",
+                    severity="warning",
+                    path=f"{path}.resourceList[{i}]",
+                    message=f"resource {name!r} selects no adapter on any of {len(snapshots)}"
+                    " nodes: it advertises 0",
+                )
+            )
+        elif hits:
+            notes.append(
+                Note(
+                    section="sriovDevicePlugin",
+                    severity="info",
+                    path=f"{path}.resourceList[{i}]",
+                    message=f"resource {name!r} selects {len(hits)} adapters: {', '.join(hits[:8])}"
+                    + (" …" if len(hits) > 8 else ""),
+                )
+            )
+    return notes
+
+
+def _sriov_selects(selectors: Mapping[str, Any], device: Device, snap: NodeSnapshot) -> bool:
+    pf_netdevs: Iterable[str] = device.netdevs
+    if device.sriov is not None and device.sriov.physfn:
+        pf = next((d for d in snap.devices if d.pci_address == device.sriov.physfn), None)
+        pf_netdevs = pf.netdevs if pf is not None else ()
+    link_types = {_ARPHRD_LINK_TYPES.get(i.type or 0, "") for i in device.interfaces}
+    have: dict[str, set[str]] = {
+        "vendors": {(device.vendor_id or "").lower().removeprefix("0x")},
+        "devices": {(device.device_id or "").lower().removeprefix("0x")},
+        "drivers": {device.driver or ""},
+        "pfNames": set(pf_netdevs),
+        "linkTypes": link_types,
+        "rootDevices": {device.sriov.physfn}
+        if device.sriov is not None and device.sriov.physfn
+        else set(),
+    }
+    for key, values in selectors.items():
+        if key == "isRdma":
+            continue  # every device in a snapshot is an RDMA device
+        if key not in have or not isinstance(values, list) or not values:
+            continue
+        wanted = {
+            v.split("#", 1)[0] if key == "pfNames" else v for v in values if isinstance(v, str)
+        }
+        if not wanted & have[key]:
+            return False
+    return selectors.get("isRdma") is not False
+
+
+def status_notes(status: Mapping[str, Any]) -> list[Note]:
+    if not status:
+        return []
+    notes = []
+    state = status.get("state")
+    if state not in (None, "ready", "ignore"):
+        reason = status.get("reason") or ""
+        notes.append(
+            Note(
+                section="status",
+                severity="warning",
+                path="status.state",
+                message=f"the operator reports {state!r}{': ' + str(reason) if reason else ''}",
+            )
+        )
+    for i, applied in enumerate(status.get("appliedStates") or ()):
+        one = _map(applied)
+        if one.get("state") not in ("ready", "ignore"):
+            notes.append(
+                Note(
+                    section="status",
+                    severity="warning",
+                    path=f"status.appliedStates[{i}]",
+                    message=f"{one.get('name')}: {one.get('state')}"
+                    + (f" — {one['message']}" if one.get("message") else ""),
+                )
+            )
+    return notes
+
+
+def node_policy_notes(name: str, spec: Mapping[str, Any]) -> list[Note]:
+    notes = []
+    if len(name) > _NODE_POLICY_NAME_MAX:
+        notes.append(
+            Note(
+                section="webhook",
+                severity="critical",
+                path="metadata.name",
+                message="the operator's webhook refuses NicNodePolicy names over"
+                f" {_NODE_POLICY_NAME_MAX} characters",
+            )
+        )
+    if spec.get("nodeSelector"):
+        selector = ", ".join(f"{k}={v}" for k, v in _map(spec.get("nodeSelector")).items())
+        notes.append(
+            Note(
+                section="nicNodePolicy",
+                severity="info",
+                path="spec.nodeSelector",
+                message=f"applies to nodes with {selector}; audited against every node given",
+            )
+        )
+    return notes
+
+
+def _has(section: Mapping[str, Any], key: str) -> bool:
+    # `multus: {}` deploys Multus with the operator's defaults: present is what counts.
+    return section.get(key) is not None
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
