@@ -69,6 +69,10 @@ class ResourceOnNode(msgspec.Struct, frozen=True, kw_only=True):
     healthy: int | None
     registration: str | None
     allocatable: int | None  # None: no cluster, or the kubelet does not list it
+    # registration "config-invalid": the agent leaves this configList entry out (it serves
+    # the config's valid ones); the field at fault (configList[1].resourcePrefix) and why.
+    config_path: str | None = None
+    config_error: str | None = None
 
 
 class ResourceSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,8 +16,13 @@ from typing import Any, Final, Literal
 import msgspec
 
 from proto import rsdpupstream as upstream
-from proto.dpconfig import ConfigError, normalize_pci_id, parse_device_plugin_config
-from proto.dpconfigdecode import Invalid, decode
+from proto.dpconfig import (
+    CheckedConfig,
+    ConfigError,
+    InvalidResource,
+    normalize_pci_id,
+    parse_device_plugin_resources,
+)
 from proto.inventory import Device, NodeSnapshot
 from proto.messages.config import ResourceConfig, Selectors
 from proto.nicpolicysections import (
@@ -71,7 +76,10 @@ class PolicyAudit(msgspec.Struct, frozen=True, kw_only=True):
     nodes: tuple[NodeVerdict, ...] = ()
     notes: tuple[Note, ...] = ()
     start_failure: upstream.StartFailure | None = None
-    nicfleet_refuses: str | None = None  # nicfleet's first error in the document, if any
+    # The error nicfleet's agent refuses the whole document for (it then serves nothing);
+    # None when it serves the document resource by resource.
+    nicfleet_refuses: str | None = None
+    nicfleet_invalid: tuple[str, ...] = ()  # each entry it leaves out: "path (resource): why"
 
 
 class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,6 +135,7 @@ def audit_policy(obj: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) 
         for e in upstream.webhook_errors(raw)
     )
     nicfleet, refuses = _nicfleet_config(raw)
+    invalid = tuple(e.message for e in nicfleet if isinstance(e, InvalidResource))
     config = upstream.read_config(raw)
     if isinstance(config, upstream.StartFailure):
         reason = _failure_text(config)
@@ -140,16 +149,23 @@ def audit_policy(obj: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) 
             notes=tuple(notes),
             start_failure=config,
             nicfleet_refuses=refuses,
+            nicfleet_invalid=invalid,
         )
-    nodes = tuple(_node_verdict(config, nicfleet, snapshots[n]) for n in sorted(snapshots))
+    nodes = tuple(_node_verdict(config, nicfleet, refuses, snapshots[n]) for n in sorted(snapshots))
     return PolicyAudit(
-        kind=kind, name=name, nodes=nodes, notes=tuple(notes), nicfleet_refuses=refuses
+        kind=kind,
+        name=name,
+        nodes=nodes,
+        notes=tuple(notes),
+        nicfleet_refuses=refuses,
+        nicfleet_invalid=invalid,
     )
 
 
 def _node_verdict(
     config: upstream.Config,
-    nicfleet: Sequence[ResourceConfig | str],
+    nicfleet: Sequence[ResourceConfig | InvalidResource],
+    whole: str | None,
     snap: NodeSnapshot,
 ) -> NodeVerdict:
     if not snap.devices and snap.errors:
@@ -159,7 +175,7 @@ def _node_verdict(
     for i, resource in enumerate(config.resources):
         prediction = upstream.predict(resource, found)
         why = None if prediction.advertised else _zero_why(resource, prediction)
-        ours, ours_why = _nicfleet_count(nicfleet[i] if i < len(nicfleet) else None, snap)
+        ours, ours_why = _nicfleet_count(nicfleet[i] if i < len(nicfleet) else None, whole, snap)
         differs = ours != prediction.advertised
         verdicts.append(
             ResourceVerdict(
@@ -190,29 +206,25 @@ def _zero_why(resource: upstream.Resource, prediction: upstream.Prediction) -> s
     return f"no adapter matches ({reasons})"
 
 
-def _nicfleet_config(raw: str) -> tuple[list[ResourceConfig | str], str | None]:
-    """Each configList entry as nicfleet's plugin takes it (it serves every valid resource):
-    the entry, or why it refuses it; and the document's first error, if any."""
+def _nicfleet_config(raw: str) -> tuple[list[ResourceConfig | InvalidResource], str | None]:
+    """Each configList entry as nicfleet's agent takes the document (the same resource-by-
+    resource check, proto.dpconfig's): the normalized entry it serves or why it leaves it
+    out; or, instead, the error it refuses the whole document for (it then serves nothing)."""
     try:
-        parse_device_plugin_config(raw, source=_PLUGIN_CONFIG)
-        whole = None
+        checked = parse_device_plugin_resources(raw, source=_PLUGIN_CONFIG)
     except ConfigError as exc:
-        whole = _config_error(exc)
-    try:
-        document = decode(raw)
-    except Invalid as exc:
-        return [], f"{exc.path}: {exc.reason}"
-    if not isinstance(document, dict):
-        return [], whole
-    entries = document.get("configList")
-    out: list[ResourceConfig | str] = []
-    for i, entry in enumerate(entries if isinstance(entries, list) else ()):
-        alone = {**document, "configList": [entry]}
-        try:
-            out.append(parse_device_plugin_config(alone, source=_PLUGIN_CONFIG).config_list[0])
-        except ConfigError as exc:
-            out.append(_config_error(exc).replace("configList[0]", f"configList[{i}]", 1))
-    return out, whole
+        return [], _config_error(exc)
+    return nicfleet_entries(checked), None
+
+
+def nicfleet_entries(checked: CheckedConfig) -> list[ResourceConfig | InvalidResource]:
+    """Back in document order: each entry served, or the InvalidResource it was left out as."""
+    invalid = {bad.index: bad for bad in checked.invalid}
+    served = iter(checked.config.config_list)
+    return [
+        invalid[i] if i in invalid else next(served)
+        for i in range(len(invalid) + len(checked.config.config_list))
+    ]
 
 
 def _config_error(exc: ConfigError) -> str:
@@ -220,11 +232,15 @@ def _config_error(exc: ConfigError) -> str:
     return f"{exc.path}{entry}: {exc.reason}"
 
 
-def _nicfleet_count(ours: ResourceConfig | str | None, snap: NodeSnapshot) -> tuple[int, str]:
+def _nicfleet_count(
+    ours: ResourceConfig | InvalidResource | None, whole: str | None, snap: NodeSnapshot
+) -> tuple[int, str]:
+    if whole is not None:  # the agent exits at start on such a file, keeps the last good one live
+        return 0, f"nicfleet would advertise 0: it refuses the whole config: {whole}"
     if ours is None:
         return 0, "nicfleet does not read this entry"
-    if isinstance(ours, str):
-        return 0, f"nicfleet would advertise 0: it refuses this resource: {ours}"
+    if isinstance(ours, InvalidResource):
+        return 0, f"nicfleet would advertise 0: it leaves this resource out: {ours.message}"
     matched = [d for d in snap.devices if nicfleet_selects(ours, d) and _nicfleet_servable(d)]
     count = len(matched) if ours.exclusive else (ours.rdma_hca_max if matched else 0)
     names = ", ".join(d.name for d in matched) or "none"

@@ -3,7 +3,8 @@ nicfleet, resource by resource, which adapters each resource selects on this hos
 snapshot), and what the upstream k8s-rdma-shared-dev-plugin would do with the same file.
 
 Owns the command's I/O (the file, the snapshot or this host's sysfs) and exit codes; the
-decisions are proto.dpconfig's, agent.deviceplugin.selectors' and proto.rsdpupstream's.
+decisions are proto.dpconfig's (the resource-by-resource check the running agent applies),
+agent.deviceplugin.selectors' and proto.rsdpupstream's.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from agent.host.inventory import collect_snapshot
 from agent.host.sysfs import Sysfs
 from proto import rsdpupstream as upstream
 from proto.codec import CodecError, from_json
-from proto.dpconfig import ConfigError, parse_device_plugin_config
+from proto.dpconfig import ConfigError, InvalidResource, parse_device_plugin_resources
 from proto.dpconfigdecode import Invalid, decode
 from proto.inventory import NodeSnapshot
+from proto.messages.config import ResourceConfig
+from proto.nicclusterpolicy import nicfleet_entries
 from proto.runtime.cliopts import output_option
 
 MAX_FILE: Final = 4 * 1024 * 1024
@@ -50,7 +53,8 @@ class ConfigCheckInputError(AgentError, click.ClickException):
 class ResourceCheck(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     resource: str  # <prefix>/<name> as written ("?" when the entry has no name)
-    errors: tuple[str, ...] = ()  # nicfleet's validation, "path: reason"
+    served: bool = False  # the agent would serve it (False: invalid, or the config refused)
+    errors: tuple[str, ...] = ()  # why the agent leaves it out: "path (resource 'x'): reason"
     selected: tuple[str, ...] = ()  # RDMA devices nicfleet serves it with
     unmatched: tuple[str, ...] = ()  # "mlx5_1: reason"
     upstream_advertised: int | None = None  # None: upstream would not start
@@ -60,7 +64,7 @@ class ResourceCheck(msgspec.Struct, frozen=True, kw_only=True):
 class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
     file: str
     node: str
-    errors: tuple[str, ...] = ()  # document-level (and cross-entry) errors
+    errors: tuple[str, ...] = ()  # why the agent refuses the whole document (serves nothing)
     resources: tuple[ResourceCheck, ...] = ()
     upstream_start_failure: str | None = None
 
@@ -103,28 +107,33 @@ def check_config(file: Path, snapshot: Path | None, sysfs_root: Path, output: st
 
 
 def check(data: bytes, snap: NodeSnapshot, *, source: str) -> CheckReport:
-    """The report for one config document against one node (pure)."""
+    """The report for one config document against one node (pure). Validity is the agent's
+    own resource-by-resource check (proto.dpconfig), so "selects N" is what it would serve."""
     try:
         document = decode(data)
     except Invalid as exc:
         raise ConfigCheckInputError(f"{source}: {exc.path}: {exc.reason}") from None
-    whole = _errors_of(data, source)
     entries = document.get("configList") if isinstance(document, dict) else None
     items = list(entries) if isinstance(entries, list) else []
+    try:
+        checked = parse_device_plugin_resources(data, source=source)
+        whole: tuple[str, ...] = ()
+        served = nicfleet_entries(checked)
+    except ConfigError as exc:  # the agent refuses such a file whole and serves nothing
+        entry = "" if exc.resource_name is None else f" (resourceName {exc.resource_name!r})"
+        whole, served = (f"{exc.path}{entry}: {exc.reason}",), []
     predicted = upstream.read_config(data)
     failure = None
     if isinstance(predicted, upstream.StartFailure):
         failure = f"{predicted.path or '$'}: {predicted.reason}"
     resources = [
-        _check_entry(i, entry, document, snap, predicted, source) for i, entry in enumerate(items)
+        _check_entry(i, entry, served[i] if i < len(served) else None, snap, predicted)
+        for i, entry in enumerate(items)
     ]
-    # Errors that name one entry are shown with it; the rest belong to the document.
-    per_entry = {e for r in resources for e in r.errors}
-    doc_errors = tuple(e for e in whole if e not in per_entry)
     return CheckReport(
         file=source,
         node=snap.node,
-        errors=doc_errors,
+        errors=whole,
         resources=tuple(resources),
         upstream_start_failure=failure,
     )
@@ -133,27 +142,17 @@ def check(data: bytes, snap: NodeSnapshot, *, source: str) -> CheckReport:
 def _check_entry(
     i: int,
     entry: object,
-    document: object,
+    served: ResourceConfig | InvalidResource | None,
     snap: NodeSnapshot,
     predicted: upstream.Config | upstream.StartFailure,
-    source: str,
 ) -> ResourceCheck:
     fields = entry if isinstance(entry, Mapping) else {}
     name = f"{fields.get('resourcePrefix') or 'rdma'}/{fields.get('resourceName') or '?'}"
-    # One entry at a time in an otherwise unchanged document: its own errors, whatever the
-    # other entries hold. Paths say configList[0] then; put the real index back.
-    alone: dict[str, Any] = {
-        **(document if isinstance(document, dict) else {}),
-        "configList": [entry],
-    }
-    errors = tuple(
-        e.replace("configList[0]", f"configList[{i}]", 1) for e in _errors_of(alone, source)
-    )
+    errors = (served.message,) if isinstance(served, InvalidResource) else ()
     selected: tuple[str, ...] = ()
     unmatched: tuple[str, ...] = ()
-    if not errors:
-        config = parse_device_plugin_config(alone, source=source)
-        selection = select_devices(snap, config.config_list[0])
+    if isinstance(served, ResourceConfig):
+        selection = select_devices(snap, served)
         selected = tuple(d.name for d in selection.selected)
         unmatched = tuple(
             f"{e.device}: {e.reason}" for e in (*selection.excluded, *selection.unmatched)
@@ -166,6 +165,7 @@ def _check_entry(
     return ResourceCheck(
         index=i,
         resource=name,
+        served=isinstance(served, ResourceConfig),
         errors=errors,
         selected=selected,
         unmatched=unmatched,
@@ -174,20 +174,17 @@ def _check_entry(
     )
 
 
-def _errors_of(document: bytes | Mapping[str, Any], source: str) -> tuple[str, ...]:
-    try:
-        parse_device_plugin_config(document, source=source)
-    except ConfigError as exc:
-        entry = "" if exc.resource_name is None else f" (resourceName {exc.resource_name!r})"
-        return (f"{exc.path}{entry}: {exc.reason}",)
-    return ()
-
-
 def render_text(report: CheckReport) -> str:
     lines = [f"{report.file} on {report.node}"]
     lines.extend(f"  error: {e}" for e in report.errors)
     for r in report.resources:
-        state = "invalid" if r.errors else f"selects {len(r.selected)}"
+        state = (
+            "invalid"
+            if r.errors
+            else f"selects {len(r.selected)}"
+            if r.served
+            else "not served (the config is refused whole)"
+        )
         lines.append(f"  configList[{r.index}] {r.resource}: {state}")
         lines.extend(f"    error: {e}" for e in r.errors)
         if r.selected:

@@ -130,7 +130,8 @@ def render_text(report: AuditReport) -> str:
 def _policy_lines(policy: PolicyAudit) -> list[str]:
     lines = [f"{policy.kind}/{policy.name}"]
     if policy.nicfleet_refuses:
-        lines.append(f"  nicfleet refuses an entry: {policy.nicfleet_refuses}")
+        lines.append(f"  nicfleet refuses the whole config: {policy.nicfleet_refuses}")
+    lines.extend(f"  nicfleet leaves out: {bad}" for bad in policy.nicfleet_invalid)
     if not policy.nodes and policy.start_failure is None:
         lines.append("  rdmaSharedDevicePlugin: no config, or no nodes to audit")
     for verdict in policy.nodes:

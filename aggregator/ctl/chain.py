@@ -226,6 +226,7 @@ def _render_resources(console: Console, items: tuple[ResourceSummary, ...], *, w
             ]
         table.add_row(*row)
     console.print(table)
+    _print_config_notes(console, items)
     if not wide:
         return
     console.print()
@@ -242,6 +243,16 @@ def _render_resources(console: Console, items: tuple[ResourceSummary, ...], *, w
                 n.registration or NONE,
             )
     console.print(per_node)
+
+
+def _print_config_notes(console: Console, items: tuple[ResourceSummary, ...]) -> None:
+    """One line per node that leaves a resource out of its config (it serves the others)."""
+    for r in items:
+        for n in r.nodes:
+            if n.config_error is not None or n.config_path is not None:
+                where = n.config_path or "the entry"
+                text = f"note: {r.name} on {n.node} is not served: {where}: {n.config_error}"
+                console.print(Text(text, style="yellow"))
 
 
 def _table(columns: list[str]) -> _PlainTable:

@@ -7,17 +7,34 @@ Findings out; the audit itself is proto.nicclusterpolicy's (nicfleetctl runs it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
 from aggregator.fleet.state import NodeRecord
-from aggregator.rules.finding import Finding
+from aggregator.rules.finding import Finding, Severity
 from proto.nicclusterpolicy import PolicyAudit, audit_policy
 from proto.nicpolicysections import Note
 
-RULE_INVALID: Final = "nvidia-policy-invalid"  # upstream would not start / the webhook refuses
-RULE_MATCHES_NOTHING: Final = "selector-matches-nothing"  # advertises 0 on every node
-RULE_DIFFERS: Final = "nvidia-policy-nicfleet-differs"  # nicfleet would advertise otherwise
-RULE_SECTION: Final = "nvidia-policy-section"  # ofedDriver, secondaryNetwork, sriov, status
+AuditRule = Literal[
+    "nvidia-policy-invalid",  # upstream would not start / the webhook refuses
+    "selector-matches-nothing",  # advertises 0 on every node (a registry rule's id too)
+    "nvidia-policy-nicfleet-differs",  # nicfleet would advertise otherwise
+    "nvidia-policy-section",  # ofedDriver, secondaryNetwork, sriov, status
+]
+RULE_INVALID: Final = "nvidia-policy-invalid"
+RULE_MATCHES_NOTHING: Final = "selector-matches-nothing"
+RULE_DIFFERS: Final = "nvidia-policy-nicfleet-differs"
+RULE_SECTION: Final = "nvidia-policy-section"
+# Every rule id the audit's findings carry, with the severities each can have: they are not
+# in the rule registry (the audit is not a rule over the fleet), docs/rules.md lists them.
+AUDIT_RULES: Final[Mapping[str, tuple[Severity, ...]]] = MappingProxyType(
+    {
+        RULE_INVALID: ("critical",),
+        RULE_MATCHES_NOTHING: ("warning",),
+        RULE_DIFFERS: ("warning",),
+        RULE_SECTION: ("critical", "warning"),  # a Note's severity; info notes are not findings
+    }
+)
 
 
 def audit_nic_cluster_policy(
@@ -51,7 +68,7 @@ def findings_of(report: PolicyAudit) -> tuple[Finding, ...]:
 def _note(note: Note, subject: str) -> list[Finding]:
     if note.severity == "info":
         return []
-    rule = RULE_INVALID if note.section == "webhook" else RULE_SECTION
+    rule: AuditRule = RULE_INVALID if note.section == "webhook" else RULE_SECTION
     message = f"{note.path}: {note.message}"
     return [
         _finding(
@@ -115,7 +132,7 @@ def _differs(report: PolicyAudit, subject: str) -> list[Finding]:
 
 
 def _finding(
-    rule: str,
+    rule: AuditRule,
     severity: str,
     subject: str,
     message: str,

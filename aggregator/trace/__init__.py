@@ -1,7 +1,8 @@
 """The chain trace: why a node does (or does not) offer an RDMA resource, link by link
 (`chain`), its host side (`host`), the cluster's components on the node (`components`),
 why pods are not scheduled (`scheduling`), one pod's own chain (`pod`), the pods'
-secondary networks (`attachment`) and their IP pools (`ippool`) and the per-resource view
+secondary networks (`attachment`), their IP pools (`ippool`), the interfaces the pod
+sees (`podinterface`) and the per-resource view
 (`resources`). Pure.
 
 May import: `aggregator.fleet`, `aggregator.cluster`, `aggregator.podnetworks`, `proto`.

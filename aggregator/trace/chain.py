@@ -3,7 +3,8 @@
 Pure: a function of the fleet records, the cluster view, the policies and `now`. Each link
 is `ok`, `broken` or `unknown` with its evidence; a broken one carries a one-sentence likely
 cause and fix. Host links live in `tracehost`; the device-plugin and Kubernetes links here;
-the last, `tested-data-path`, in `validation` (the newest pair validation, passed in).
+the last two, `pod-interface` (`podinterface`) and `tested-data-path` (`tested`), read the
+newest pair validation, passed in.
 `scheduling` (why a pod is not on a node) is in `scheduling`; what the cluster must run on
 the node, `components`, is a section of the trace beside the links (in `components`).
 """
@@ -32,6 +33,7 @@ from aggregator.trace.host import (
     link_unknown,
 )
 from aggregator.trace.ippool import IP_POOL_LINK, ip_pool_link
+from aggregator.trace.podinterface import POD_INTERFACE_LINK, pod_interface_link
 from aggregator.trace.resources import allocatable_count
 from aggregator.trace.scheduling import SCHEDULING_LINK, scheduling_link
 from aggregator.trace.tested import TESTED_LINK, data_path_link
@@ -46,9 +48,10 @@ __all__ = ["LINK_NAMES", "UnknownNode", "UnknownResource", "trace"]
 LINK_NAMES: Final = (
     "agent", "adapter", "driver", "rdma-device", "char-devices",
     "device-plugin", "advertised", "allocatable", "pods", SCHEDULING_LINK,
-    ATTACHMENT_LINK, IP_POOL_LINK, TESTED_LINK,
+    ATTACHMENT_LINK, IP_POOL_LINK, POD_INTERFACE_LINK, TESTED_LINK,
 )  # fmt: skip
 MAX_SUGGESTIONS: Final = 3
+CONFIG_INVALID: Final = "config-invalid"  # ResourceStatus.registration of a left-out entry
 NAD_RESOURCE_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
 
 
@@ -102,7 +105,11 @@ def trace(
         config=configs.get(resource), status=served.get(resource), now=now,
         stale_after=stale_after, pod=pod,
     )  # fmt: skip
-    links = (*(check(ctx) for check in _CHECKS), data_path_link(validation, node, resource, now))
+    links = (
+        *(check(ctx) for check in _CHECKS),
+        pod_interface_link(ctx, validation),
+        data_path_link(validation, node, resource, now),
+    )
     broken = next((i for i, link in enumerate(links) if link.status == "broken"), None)
     components = components_link(ctx)  # a section of its own: link indices stay stable
     return Trace(
@@ -155,6 +162,8 @@ def _device_plugin(ctx: ChainContext) -> Link:
         "attempts": status.registration_attempts,
         "endpoint": status.endpoint,
     }
+    if status.registration == CONFIG_INVALID:
+        evidence |= {"config_path": status.config_path, "config_error": status.config_error}
     if status.registration != "registered":
         cause, fix = _registration_cause(status)
         return link_broken(name, cause, fix, **evidence)
@@ -162,6 +171,8 @@ def _device_plugin(ctx: ChainContext) -> Link:
 
 
 def _registration_cause(status: ResourceStatus) -> tuple[str, str]:
+    if status.registration == CONFIG_INVALID:
+        return _config_invalid_cause(status, "the agent does not serve it")
     error = f": {status.registration_error}" if status.registration_error else ""
     if status.registration == "rejected":
         return (
@@ -180,6 +191,16 @@ def _registration_cause(status: ResourceStatus) -> tuple[str, str]:
     )
 
 
+def _config_invalid_cause(status: ResourceStatus, effect: str) -> tuple[str, str]:
+    """A configList entry the agent leaves out (it serves the config's valid ones)."""
+    path = status.config_path or "the entry"
+    return (
+        f"the device-plugin config's entry for {status.name} is invalid, {effect}: "
+        f"{path}: {status.config_error or 'no reason given'}",
+        f"correct {path} in the device-plugin config",
+    )
+
+
 def _advertised(ctx: ChainContext) -> Link:
     name = "advertised"
     status = ctx.status
@@ -190,6 +211,9 @@ def _advertised(ctx: ChainContext) -> Link:
         "healthy": status.healthy,
         "unhealthy": status.unhealthy,
     }
+    if status.registration == CONFIG_INVALID:
+        cause, fix = _config_invalid_cause(status, "nothing is advertised for it")
+        return link_broken(name, cause, fix, **evidence)
     if status.advertised == 0:
         hca_max = ctx.config.rdma_hca_max if ctx.config is not None else None
         cause = "the plugin advertises 0 devices" + (

@@ -1,6 +1,7 @@
 """One pod's own chain (`nicfleetctl trace --pod NS/NAME`): the node it is on or why the
 scheduler left it pending, the resources it requests and, on its node, each resource's
-whole chain with the pod's own `scheduling` link.
+whole chain with the pod's own `scheduling` link and, in `attachment`, `ip-pool` and
+`pod-interface`, the pod's own networks and `network-status` (`ChainContext.pod`).
 
 Pure: a function of the fleet records, the cluster view, the policies, the newest
 validations (a lookup passed in) and `now`.

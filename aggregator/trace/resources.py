@@ -74,6 +74,8 @@ def _rows(
                     healthy=status.healthy if status is not None else None,
                     registration=status.registration if status is not None else None,
                     allocatable=allocatable_count(raw),
+                    config_path=status.config_path if status is not None else None,
+                    config_error=status.config_error if status is not None else None,
                 ),
             )
         )

@@ -11,6 +11,7 @@ from aiohttp import web
 from aggregator.api.app import ApiSettings, build_app
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
 from aggregator.fleet.state import Fleet
+from proto.http import ValidationRecord
 from proto.inventory import Device, PortStateName
 from proto.policy import Policy
 from tests.support.api_fixtures import STALE_AFTER, FakeClock, Readiness
@@ -78,6 +79,8 @@ class ChainHarness:
     cluster: ClusterView = field(default_factory=ClusterView)
     policies: tuple[Policy, ...] = (rdma_policy("ib", RES),)
     clock: FakeClock = field(default_factory=FakeClock)
+    # node -> its newest finished validation of RES (the trace's last two links)
+    validations: dict[str, ValidationRecord] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         return build_app(
@@ -87,4 +90,5 @@ class ChainHarness:
             clock=self.clock,
             cluster_source=lambda: self.cluster,
             policy_source=lambda: self.policies,
+            latest_validation=lambda node, resource: self.validations.get(node),
         )

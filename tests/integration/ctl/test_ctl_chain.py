@@ -12,7 +12,9 @@ from click.testing import CliRunner, Result
 
 from aggregator.ctl.main import cli
 from aggregator.trace.chain import LINK_NAMES
-from tests.support.api_fixtures import serve_in_thread
+from proto.http import ValidationRecord
+from proto.messages.validation import Evidence, RdmaInterface, Reason, ValidationResult
+from tests.support.api_fixtures import NOW, serve_in_thread
 from tests.support.chain_fixtures import RES, ChainHarness, chain_cluster
 
 pytestmark = pytest.mark.integration
@@ -40,8 +42,8 @@ def test_trace_ok_exits_0(server: str) -> None:
         ["✔", "1", "adapter"],
         ["✔", "2", "driver"],
     ]
-    # Every link but the never-validated tested-data-path, and the components section.
-    assert len([line for line in lines if line.startswith(" ✔")]) == len(LINK_NAMES)
+    # Every link but the never-validated pod-interface and tested-data-path, and components.
+    assert len([line for line in lines if line.startswith(" ✔")]) == len(LINK_NAMES) - 1
     assert "\x1b" not in result.stdout
 
 
@@ -70,6 +72,50 @@ def test_trace_wide_shows_evidence_of_every_link(server: str) -> None:
     # Every link's (with tested-data-path) and the components section's.
     assert result.stdout.count("evidence:") == len(LINK_NAMES) + 1
     assert '"registration": "registered"' in result.stdout
+
+
+def verified(*, found: bool) -> ValidationRecord:
+    """gpu-001's newest validation: its pod's verify found net1, or only eth0."""
+    primary = Reason(
+        code="primary-interface-only", missing="RoCE GID of mlx5_0 equal to a pod address",
+        message="the pod has only its primary interface (eth0) and no RoCE GID of mlx5_0 "
+        "carries its address: no secondary (RDMA) network is attached",
+    )  # fmt: skip
+    net1 = RdmaInterface(interface="net1", device="mlx5_0", sources=("gid-address", "device-info"))
+    server = ValidationResult(
+        role="server", pod="nicfleet-validate-v1-server",
+        verdict="rdma-path" if found else "ordinary-interface-only",
+        reasons=() if found else (primary,),
+        evidence=Evidence(rdma_interfaces=(net1,) if found else ()),
+        started_at=NOW - 30, finished_at=NOW - 10,
+    )  # fmt: skip
+    return ValidationRecord(
+        id="v1", nodes=("gpu-001", "gpu-003"), resource=RES, namespace="nicfleet-system",
+        phase="done" if found else "failed", passed=found, created_at=NOW - 60,
+        updated_at=NOW, phase_since=NOW, finished_at=NOW, server=server,
+    )  # fmt: skip
+
+
+def test_trace_shows_the_pods_interface_from_the_newest_validation() -> None:
+    harness = ChainHarness(cluster=chain_cluster(), validations={"gpu-001": verified(found=False)})
+    with serve_in_thread(harness.app()) as url:
+        broken = ctl("--server", url, "trace", "gpu-001", RES)
+        harness.validations["gpu-001"] = verified(found=True)
+        ok = ctl("--server", url, "trace", "gpu-001", RES, "-o", "wide")
+        api = httpx.get(f"{url}/api/v1/trace", params={"node": "gpu-001", "resource": RES})
+    index = LINK_NAMES.index("pod-interface")
+    assert broken.exit_code == 1, broken.output
+    assert broken.stdout.startswith(f"rdma/ib on gpu-001: broken at link {index} (pod-interface)")
+    assert "cause: verify in nicfleet-system/nicfleet-validate-v1-server: the pod has only" in (
+        broken.stdout
+    )
+    assert "fix:   request the RDMA network in `k8s.v1.cni.cncf.io/networks`" in broken.stdout
+    assert ok.exit_code == 0, ok.output
+    assert f" ✔ {index} pod-interface" in ok.stdout
+    assert '"interfaces": ["net1 (gid-address, device-info)"]' in ok.stdout
+    link = api.json()["links"][index]
+    assert (link["name"], link["status"]) == ("pod-interface", "ok")
+    assert link["evidence"]["verified"][0]["devices"] == {"net1": ["mlx5_0"]}
 
 
 def test_trace_unknown_node_and_resource_exit_1(server: str) -> None:

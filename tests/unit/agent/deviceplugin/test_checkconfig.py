@@ -55,7 +55,7 @@ def test_every_resource_is_checked_on_its_own(lab: tuple[Path, Path], tmp_path: 
     # Upstream reads "0x101b" literally: it serves none of them.
     assert (ib["upstream_advertised"], ib["upstream_selected"]) == (0, [])
     (error,) = nomax["errors"]
-    assert error.startswith("configList[1].rdmaHcaMax (resourceName 'nomax'): required")
+    assert error.startswith("configList[1].rdmaHcaMax (resource 'rdma/nomax'): required")
     assert eth["errors"] == [] and eth["selected"] == []
     assert any("linkTypes" in u for u in eth["unmatched"])
     assert body["upstream_start_failure"] is None  # upstream starts: nomax advertises 0

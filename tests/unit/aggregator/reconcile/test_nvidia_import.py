@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from aggregator.fleet.state import NodeRecord
 from aggregator.reconcile.nvidia import (
+    AUDIT_RULES,
     RULE_DIFFERS,
     RULE_INVALID,
     RULE_MATCHES_NOTHING,
@@ -17,6 +19,7 @@ from aggregator.reconcile.nvidia import (
     audit_nic_cluster_policy,
 )
 from tests.support.builders import T0, nic, snapshot
+from tests.support.paths import REPO
 
 FLEET = {
     "gpu-001": NodeRecord(
@@ -190,3 +193,26 @@ def test_no_inventory_means_no_matching_verdict() -> None:
     config = {"configList": [entry("cx6", deviceIDs=["101b"])]}
     empty = {"gpu-002": FLEET["gpu-002"]}
     assert audit_nic_cluster_policy(ncp(config), empty) == ()
+
+
+def test_an_entry_nicfleet_leaves_out_differs_with_the_field() -> None:
+    # Upstream serves kubernetes.io/ib (the kubelet then refuses it); nicfleet's agent serves
+    # the other entry and leaves this one out (registration config-invalid).
+    config = {"configList": [entry("ib"), {**entry("ib_k"), "resourcePrefix": "kubernetes.io"}]}
+    findings = audit_nic_cluster_policy(ncp(config), FLEET)
+    (differs,) = [f for f in findings if f.rule == RULE_DIFFERS]
+    assert differs.evidence["resource"] == "kubernetes.io/ib_k"
+    assert "nicfleet would advertise 0: it leaves this resource out:" in differs.message
+    assert "configList[1].resourcePrefix" in differs.message
+
+
+def test_every_finding_carries_an_audit_rule_and_one_of_its_severities() -> None:
+    """AUDIT_RULES (what docs/rules.md is checked against) covers what the audit says."""
+    objs = [
+        yaml.safe_load(path.read_text())
+        for path in sorted((REPO / "tests/data/network-operator").glob("*.yaml"))
+    ]
+    findings = [f for obj in objs for f in audit_nic_cluster_policy(obj, FLEET)]
+    assert {f.rule for f in findings} >= {RULE_INVALID, RULE_SECTION, RULE_MATCHES_NOTHING}
+    for f in findings:
+        assert f.severity in AUDIT_RULES.get(f.rule, ()), (f.rule, f.severity)

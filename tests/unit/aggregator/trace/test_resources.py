@@ -8,7 +8,7 @@ from aggregator.cluster import ClusterNode, ClusterView
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.resources import allocatable_count, summarize_resources
 from proto.http import ResourceSummary
-from proto.messages.status import DevicePluginStatus
+from proto.messages.status import DevicePluginStatus, ResourceStatus
 from proto.policy import Policy
 from tests.support.builders import T0, plugin_status, rdma_policy, resource_status, snapshot
 
@@ -130,3 +130,26 @@ def test_filters(filters: dict[str, str], expected: dict[str, int]) -> None:
 )
 def test_allocatable_count(raw: str | None, count: int | None) -> None:
     assert allocatable_count(raw) == count
+
+
+def test_a_config_invalid_row_carries_the_field_and_the_error() -> None:
+    bad = ResourceStatus(
+        name="kubernetes.io/ib_c",
+        registration="config-invalid",
+        config_path="configList[1].resourcePrefix",
+        config_error="'kubernetes.io' is reserved for Kubernetes",
+    )
+    fleet = {"a": record("a", plugin_status("a", resource_status("rdma/ib"), bad))}
+    items = summarize_resources(
+        fleet=fleet, cluster=ClusterView(), policies=(), now=NOW, stale_after=30.0
+    )
+    rows = {(i.name, n.node): n for i in items for n in i.nodes}
+    row = rows[("kubernetes.io/ib_c", "a")]
+    assert (row.registration, row.advertised, row.config_path, row.config_error) == (
+        "config-invalid",
+        0,
+        "configList[1].resourcePrefix",
+        "'kubernetes.io' is reserved for Kubernetes",
+    )
+    served = rows[("rdma/ib", "a")]
+    assert (served.config_path, served.config_error) == (None, None)

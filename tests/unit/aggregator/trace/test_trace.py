@@ -14,6 +14,7 @@ from aggregator.trace.chain import LINK_NAMES, UnknownNode, UnknownResource, tra
 from proto.http import Trace, ValidationRecord
 from proto.inventory import Device, ModuleInfo, NodeSnapshot
 from proto.messages.status import DevicePluginStatus, ResourceStatus
+from proto.messages.validation import Evidence, RdmaInterface, ValidationResult
 from proto.policy import Policy
 from tests.support.builders import (
     T0,
@@ -42,6 +43,13 @@ VALIDATED = ValidationRecord(
     id="abc123", nodes=(NODE, "gpu-002"), resource=RES, namespace="nicfleet-system",
     phase="done", passed=True, created_at=T0 - 60, updated_at=T0, phase_since=T0,
     finished_at=T0, bytes_per_second=24e9,
+    # verify on gpu-001 found its IPoIB interface (the chain's pod-interface link)
+    server=ValidationResult(
+        verdict="rdma-path", started_at=T0 - 30, finished_at=T0 - 10,
+        evidence=Evidence(rdma_interfaces=(
+            RdmaInterface(interface="net1", device="mlx5_0", sources=("device-net",)),
+        )),
+    ),
 )  # fmt: skip
 
 
