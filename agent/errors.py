@@ -3,7 +3,7 @@
 Readers translate OS errors into these at their boundary (`raise X(...) from exc`); the
 shell decides what is fatal. Retryable vs permanent is the class attribute `retryable`
 (False unless the class line says `retryable=True`), never a string or a marker class.
-Classes keep a builtin base where callers catch it. No I/O. tests/unit/agent/test_errors.py
+Classes keep a builtin base where callers catch it. No I/O. tests/unit/test_error_trees.py
 checks this tree, and its (retryable) marks, against the code.
 
     AgentError

@@ -3,7 +3,7 @@
 Retryable vs permanent is the class attribute `retryable` (False unless the class line says
 `retryable=True`), never a string or a marker class: `KubeUnavailableError` is a KubeError
 that is retryable. Classes keep a builtin base where callers catch it (`LookupError`,
-`ValueError`, `click.ClickException`). tests/unit/aggregator/test_errors.py checks this tree,
+`ValueError`, `click.ClickException`). tests/unit/test_error_trees.py checks this tree,
 and its (retryable) marks, against the code.
 
 AggregatorError

@@ -4,8 +4,9 @@ over core NATS, nothing else (no device plugin, no sysfs).
 Each agent subscribes to its own `nicfleet.v1.desired.<token>`, asks once on `.get` with a
 reply under `_INBOX.<token>.` (the only answers the aggregator sends), admits updates with
 the agent's own `RevisionGate`, decodes and validates the inner `DesiredConfig` as the
-agent does and reports a `DevicePluginStatus` carrying the new `rdmaHcaMax`. A helper
-module: run through `policy_fanout.py --sim`, never on its own.
+agent does and reports a `DevicePluginStatus` carrying the new `rdmaHcaMax`. A library,
+not a script: `bench/policy_fanout.py --sim` runs it, and `bench/policy_fanout.py --smoke`
+(make test) runs that path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The wire contract's exception tree: what proto raises on purpose. Stdlib only, no I/O.
 
 Every class keeps `ValueError` too (callers catch that); `retryable` says whether the same
-input may succeed later: never, for a payload or a document (tests/unit/proto/test_errors.py
+input may succeed later: never, for a payload or a document (tests/unit/test_error_trees.py
 checks this tree against the code).
 
     ProtoError

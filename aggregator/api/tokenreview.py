@@ -7,14 +7,13 @@ closed (a KubeError is `Unavailable`, a 503); no token is kept, logged or shown.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from aggregator.errors import KubeError
 from aggregator.kube.objects import TokenReviewResult
+from aggregator.reviewmemo import DecisionCache, ReviewMemo, token_key
 
 Scope = Literal["read", "admin"]
 DEFAULT_READ_GROUPS: Final = ("nicfleet:readers",)
@@ -66,6 +65,10 @@ class Unavailable:
 Decision = Allowed | Refused | Unavailable
 
 
+class ReviewCache(DecisionCache[Allowed | Refused]):
+    """API decisions by token SHA-256 (never the token itself): aggregator/reviewmemo.py."""
+
+
 def decide(result: TokenReviewResult, settings: ReviewSettings) -> Allowed | Refused:
     """The scope a reviewed identity gets, or why it gets none."""
     if not result.authenticated or not result.username:
@@ -88,38 +91,7 @@ def decide(result: TokenReviewResult, settings: ReviewSettings) -> Allowed | Ref
     )
 
 
-def token_key(token: str) -> bytes:
-    """The cache key of a token: its SHA-256, so the cache never holds the token itself."""
-    return hashlib.sha256(token.encode()).digest()
-
-
-@dataclass
-class ReviewCache:
-    """Decisions by token key until they expire; the oldest entries go first when full."""
-
-    max_entries: int
-    _entries: OrderedDict[bytes, tuple[float, Allowed | Refused]] = field(
-        default_factory=OrderedDict, repr=False
-    )
-
-    def get(self, key: bytes, now: float) -> Allowed | Refused | None:
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        expires, decision = found
-        if now >= expires:
-            del self._entries[key]
-            return None
-        return decision
-
-    def put(self, key: bytes, decision: Allowed | Refused, expires: float) -> None:
-        self._entries[key] = (expires, decision)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+__all__ = ["ReviewCache", "TokenReviewer", "decide", "token_key"]
 
 
 class TokenReviewer:
@@ -135,38 +107,29 @@ class TokenReviewer:
         self._review = review
         self.settings = settings
         self._clock = clock
-        self.cache = ReviewCache(settings.max_entries)
-        self._inflight: dict[bytes, asyncio.Future[Decision]] = {}
+        self._memo: ReviewMemo[Decision] = ReviewMemo(settings.max_entries, clock=clock)
+        self.cache = self._memo.cache
         self._slots = asyncio.Semaphore(settings.max_concurrent_reviews)
         self.reviews = 0  # calls made to `review`
 
     def __repr__(self) -> str:
-        return f"TokenReviewer(cached={len(self.cache)}, inflight={len(self._inflight)})"
+        return f"TokenReviewer(cached={len(self.cache)}, inflight={self._memo.inflight})"
 
     async def authenticate(self, token: str) -> Decision:
-        key = token_key(token)
-        cached = self.cache.get(key, self._clock())
-        if cached is not None:
-            return cached
-        pending = self._inflight.get(key)
-        if pending is not None:  # someone is already asking about this token: wait for it
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        decision: Decision = Unavailable("token review interrupted")
-        try:
-            decision = await self._ask(token)
-        finally:
-            del self._inflight[key]
-            future.set_result(decision)
-        if not isinstance(decision, Unavailable):
-            ttl = (
-                self.settings.negative_ttl_s
-                if isinstance(decision, Refused) and decision.kind == "unauthenticated"
-                else self.settings.positive_ttl_s
-            )
-            self.cache.put(key, decision, self._clock() + ttl)
-        return decision
+        return await self._memo.decide(
+            token,
+            lambda: self._ask(token),
+            self._trusted_until,
+            Unavailable("token review interrupted"),
+        )
+
+    def _trusted_until(self, decision: Decision, now: float) -> float | None:
+        """Failures are never cached; unauthenticated answers expire sooner."""
+        if isinstance(decision, Unavailable):
+            return None
+        if isinstance(decision, Refused) and decision.kind == "unauthenticated":
+            return now + self.settings.negative_ttl_s
+        return now + self.settings.positive_ttl_s
 
     async def _ask(self, token: str) -> Decision:
         async with self._slots:

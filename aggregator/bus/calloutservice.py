@@ -11,11 +11,9 @@ the server keeps the ones it admitted.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,6 +23,7 @@ from aggregator.bus import authcallout
 from aggregator.bus.authcallout import Decision, JoinSettings, Reason, Refused, Reviewed
 from aggregator.bus.permissions import agent_permissions
 from aggregator.errors import KubeError
+from aggregator.reviewmemo import ReviewMemo
 from proto.runtime.natsconnect import NatsClientSecurity, NatsSecurityError
 
 log = logging.getLogger(__name__)
@@ -65,29 +64,6 @@ def read_issuer_seed(path: Path) -> str:
     return seed
 
 
-@dataclass
-class _Cache:
-    """Decisions by token SHA-256 until their own deadline; the oldest go first when full."""
-
-    max_entries: int
-    entries: OrderedDict[bytes, tuple[float, Decision]] = field(default_factory=OrderedDict)
-
-    def get(self, key: bytes, now: float) -> Decision | None:
-        found = self.entries.get(key)
-        if found is None:
-            return None
-        if now >= found[0]:
-            del self.entries[key]
-            return None
-        return found[1]
-
-    def put(self, key: bytes, decision: Decision, until: float) -> None:
-        self.entries[key] = (until, decision)
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
-
-
 class CalloutResponder:
     """Turns authorization requests into signed answers; `serve` runs it on a connection."""
 
@@ -108,8 +84,7 @@ class CalloutResponder:
         self._clock = wall_clock
         self._partitioned = partitioned
         self._on_decision = on_decision
-        self._cache = _Cache(MAX_CACHED)
-        self._inflight: dict[bytes, asyncio.Future[Decision]] = {}
+        self._memo: ReviewMemo[Decision] = ReviewMemo(MAX_CACHED, clock=wall_clock)
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REVIEWS)
         self.reviews = 0  # calls made to `review`
         # Per refusal reason: when it was last logged, and how many were not logged since.
@@ -133,7 +108,7 @@ class CalloutResponder:
         )
 
     def __repr__(self) -> str:
-        return f"CalloutResponder(issuer={self.issuer}, cached={len(self._cache.entries)})"
+        return f"CalloutResponder(issuer={self.issuer}, cached={len(self._memo.cache)})"
 
     async def answer(self, data: bytes) -> bytes | None:
         """The response JWT for one request; None for a message that is no request."""
@@ -173,25 +148,18 @@ class CalloutResponder:
         early = authcallout.precheck(claims, self.settings, now=now)
         if early is not None or claims is None:
             return early or Refused(Reason.MALFORMED, "the token is not a ServiceAccount JWT")
-        key = hashlib.sha256(token.encode()).digest()
-        cached = self._cache.get(key, now)
-        if cached is not None:
-            return cached
-        pending = self._inflight.get(key)
-        if pending is not None:  # someone is already asking about this token: wait for it
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        decision: Decision = Refused(Reason.UNAVAILABLE, "token review interrupted")
-        try:
-            decision = await self._ask(token, claims)
-        finally:
-            del self._inflight[key]
-            future.set_result(decision)
-        if not (isinstance(decision, Refused) and decision.reason is Reason.UNAVAILABLE):
-            until = authcallout.cache_until(decision, claims, self.settings, now=self._clock())
-            self._cache.put(key, decision, until)
-        return decision
+
+        def trusted_until(decision: Decision, now: float) -> float | None:
+            if isinstance(decision, Refused) and decision.reason is Reason.UNAVAILABLE:
+                return None  # the review could not be made: ask again next time
+            return authcallout.cache_until(decision, claims, self.settings, now=now)
+
+        return await self._memo.decide(
+            token,
+            lambda: self._ask(token, claims),
+            trusted_until,
+            Refused(Reason.UNAVAILABLE, "token review interrupted"),
+        )
 
     async def _ask(self, token: str, claims: authcallout.TokenClaims) -> Decision:
         async with self._slots:
