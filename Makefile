@@ -65,7 +65,7 @@ bench: install
 	$(BIN)/python bench/deviceplugin_latency.py
 
 stubs: install
-	$(BIN)/python proto/deviceplugin/generate.py
+	$(BIN)/python proto/stubgen.py
 
 # docs/cli-reference.md from the click command trees (a unit test fails when it is stale).
 docs-cli: install

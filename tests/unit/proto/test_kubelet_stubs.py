@@ -1,4 +1,4 @@
-"""The committed kubelet gRPC stubs are exactly what grpcio-tools generates from the .proto."""
+"""The committed kubelet gRPC stubs (device plugin, DRA) are exactly what grpcio-tools generates."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import pytest
 
 pytest.importorskip("grpc_tools")
 
-from proto.deviceplugin import api_pb2, generate, pluginregistration_pb2
+from proto import stubgen as generate
+from proto.deviceplugin import api_pb2, pluginregistration_pb2
+from proto.dra import api_pb2 as dra_pb2
+from proto.dra import health_pb2
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -35,6 +38,12 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         (api_pb2.ContainerPreferredAllocationRequest, "allocation_size", 3),
         (pluginregistration_pb2.PluginInfo, "supported_versions", 4),
         (pluginregistration_pb2.RegistrationStatus, "error", 2),
+        (dra_pb2.Device, "cdi_device_ids", 4),
+        (dra_pb2.Device, "share_id", 5),
+        (dra_pb2.NodePrepareResourceResponse, "error", 2),
+        (dra_pb2.Claim, "name", 3),
+        (health_pb2.DeviceHealth, "health_check_timeout_seconds", 4),
+        (health_pb2.DeviceHealth, "message", 5),
     ],
 )
 def test_field_numbers_are_the_upstream_ones(message: Any, field: str, number: int) -> None:
@@ -54,3 +63,17 @@ def test_wire_names_come_from_the_proto_packages() -> None:
     assert plugin.methods_by_name["ListAndWatch"].server_streaming
     watcher = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
     assert watcher.full_name == "pluginregistration.Registration"
+
+
+def test_dra_wire_names_are_the_kubelets() -> None:
+    plugin = dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert plugin.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert [m.name for m in plugin.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    health = health_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert health.full_name == "v1.DRAResourceHealth"
+    assert health.methods_by_name["NodeWatchResources"].server_streaming
+    assert [v.name for v in health_pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"].values] == [
+        "UNKNOWN",
+        "HEALTHY",
+        "UNHEALTHY",
+    ]
