@@ -33,6 +33,7 @@ from agent.deviceplugin.configsource import config_sources
 from agent.deviceplugin.registration import RegistrationMode
 from agent.errors import AgentError
 from agent.host.inventory import collect_snapshot
+from agent.host.procfs import Procfs
 from agent.host.sysfs import Sysfs
 from agent.host.verbs import probe_verbs
 from agent.lab.cli import lab
@@ -81,9 +82,24 @@ def _probe_verbs(mode: str, sysfs_root: Path) -> bool:
     return mode == "on"
 
 
+def _proc_root(given: Path | None, sysfs_root: Path) -> Path | None:
+    # Like the verbs probe: the agent's own /proc describes its own kernel, so it is read
+    # by default only with the live /sys, never for a lab or captured tree.
+    if given is not None:
+        return given
+    return Path("/proc") if sysfs_root.resolve() == Path("/sys") else None
+
+
 def _host_options(command: Callable[..., None]) -> Callable[..., None]:
-    """--sysfs-root, --node-name and the verbs probe, shared by every command that reads
-    a host."""
+    """--sysfs-root, --proc-root, --node-name and the verbs probe, shared by every command
+    that reads a host."""
+    command = click.option(
+        "--proc-root",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="procfs to read the kernel command line and release from (IOMMU mode, "
+        "dma-buf). Default: /proc when --sysfs-root is /sys, else not read. In a "
+        "container its own /proc shows the host kernel's.",
+    )(command)
     command = click.option(
         "--verbs-path",
         type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -126,12 +142,25 @@ def main(ctx: click.Context, verbose: int, log_level: str | None, log_format: Lo
 @_host_options
 @output_option("json", help="Output format.")
 def snapshot(
-    sysfs_root: Path, node_name: str | None, verbs: str, verbs_path: Path | None, output: str
+    sysfs_root: Path,
+    proc_root: Path | None,
+    node_name: str | None,
+    verbs: str,
+    verbs_path: Path | None,
+    output: str,
 ) -> None:
     """Print one node snapshot as JSON: the same data that `run` publishes."""
     node = _node_name(node_name)
     sysfs = _sysfs(sysfs_root)
-    snap = collect_snapshot(sysfs, node=node, seq=1, now=time.time(), agent_version=__version__)
+    proc = _proc_root(proc_root, sysfs_root)
+    snap = collect_snapshot(
+        sysfs,
+        node=node,
+        seq=1,
+        now=time.time(),
+        agent_version=__version__,
+        procfs=None if proc is None else Procfs(proc),
+    )
     if _probe_verbs(verbs, sysfs_root):
         snap = with_verbs(snap, probe_verbs(search_path=verbs_path))
     sys.stdout.buffer.write(to_json(snap) + b"\n")
@@ -298,6 +327,7 @@ class RunFlags:
     cdi_dir: Path
     no_topology: bool
     metrics_addr: tuple[str, int] | None
+    proc_root: Path | None = None
 
 
 def _check_run_flags(flags: RunFlags) -> None:
@@ -330,6 +360,7 @@ def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSett
     return AgentSettings(
         node_name=node_name,
         sysfs_root=flags.sysfs_root,
+        proc_root=_proc_root(flags.proc_root, flags.sysfs_root),
         nats_url=flags.nats_url,
         nats_security=flags.nats_security,
         counter_interval=flags.counter_interval,

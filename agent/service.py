@@ -31,6 +31,7 @@ from agent.deviceplugin.liveconfig import LiveConfig
 from agent.errors import CollectionTimeout
 from agent.host.inventory import collect_snapshot
 from agent.host.portstates import PortStateReader
+from agent.host.procfs import Procfs
 from agent.host.sysfs import Sysfs
 from agent.host.verbs import probe_verbs
 from agent.links.follower import NetdevFollower
@@ -54,6 +55,7 @@ class AgentSettings:
     node_name: str
     sysfs_root: Path
     nats_url: str
+    proc_root: Path | None = None  # kernel command line and release; None: not read
     counter_interval: float = 1.0
     # Counter batches between two full ones; the others are deltas (agent.counters.deltas).
     # 1: every batch is full (for aggregators older than counter deltas).
@@ -91,6 +93,7 @@ class AgentService:
         self.settings = settings
         self._clock = clock
         self._sysfs = Sysfs(settings.sysfs_root)
+        self._procfs = None if settings.proc_root is None else Procfs(settings.proc_root)
         self._counters = CounterReader(self._sysfs)
         self._republish_now = asyncio.Event()  # publish a fresh snapshot now
         self._first_snapshot = asyncio.Event()
@@ -281,6 +284,7 @@ class AgentService:
                 seq=self._snapshot_seq,
                 now=self._clock(),
                 agent_version=__version__,
+                procfs=self._procfs,
             )
             self.collect_seconds["snapshot"] = time.perf_counter() - started
             snapshot = with_verbs(snapshot, self._verbs)

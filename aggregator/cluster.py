@@ -13,6 +13,7 @@ from typing import Literal
 
 import msgspec
 
+from aggregator.placement import SelectorTerm, Taint, Toleration
 from proto.policy import LabelSelector, Policy
 
 
@@ -33,6 +34,7 @@ class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
     allocatable: dict[str, str] = msgspec.field(default_factory=dict)
     capacity: dict[str, str] = msgspec.field(default_factory=dict)
     conditions: tuple[NodeCondition, ...] = ()
+    taints: tuple[Taint, ...] = ()  # spec.taints (DaemonSet placement, aggregator.placement)
 
 
 class NetworkStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,9 +78,34 @@ class NetworkAttachment(msgspec.Struct, frozen=True, kw_only=True):
     ipam_pool_type: str | None = None  # nv-ipam ipam.poolType: ippool (default), cidrpool
     ipam_range: str | None = None  # whereabouts ipam.range
     config_error: str | None = None  # spec.config missing or not a CNI config
+    # whereabouts: ipam.range (with range_start/range_end/exclude) then ipam.ipRanges;
+    # network_name and node_slice_size (Fast IPAM); the config's name names the NodeSlicePool.
+    ipam_ranges: tuple[IpamRange, ...] = ()
+    ipam_network_name: str | None = None
+    ipam_node_slice_size: str | None = None
+    config_name: str | None = None
 
 
-PoolKind = Literal["nv-ipam-ippool", "nv-ipam-cidrpool", "whereabouts"]
+class IpamRange(msgspec.Struct, frozen=True, kw_only=True):
+    """One whereabouts range: a CIDR, its optional first/last address, excluded CIDRs/IPs."""
+
+    range: str
+    range_start: str | None = None
+    range_end: str | None = None
+    exclude: tuple[str, ...] = ()
+
+
+class HeldAddresses(msgspec.Struct, frozen=True, kw_only=True):
+    """The secondary-network addresses Multus' network-status records for one pod on a node
+    that is not finished (any pod, not only those requesting RDMA resources)."""
+
+    namespace: str
+    name: str
+    node: str
+    ips: tuple[str, ...]
+
+
+PoolKind = Literal["nv-ipam-ippool", "nv-ipam-cidrpool", "whereabouts", "whereabouts-nodeslice"]
 
 
 class PoolBlock(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +132,12 @@ class IpPool(msgspec.Struct, frozen=True, kw_only=True):
     exclusions: tuple[tuple[str, str], ...] = ()  # (startIP, endIP)
     blocks: dict[str, PoolBlock] = msgspec.field(default_factory=dict)  # node -> its block
     allocated: dict[str, str] = msgspec.field(default_factory=dict)  # whereabouts ip -> podref
+    # NV-IPAM spec.nodeSelector's terms (None: every node); perNodeExclusions as
+    # (startIndex, endIndex); CIDRPool spec.staticAllocations' prefixes. A NodeSlicePool
+    # (whereabouts-nodeslice) keeps spec.range in network, sliceSize in node_prefix.
+    node_selector: tuple[SelectorTerm, ...] | None = None
+    per_node_exclusions: tuple[tuple[int, int], ...] = ()
+    static_prefixes: tuple[str, ...] = ()
 
 
 class SchedulingEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,6 +163,12 @@ class DaemonSetState(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     role: ComponentRole
     node_selector: dict[str, str] = msgspec.field(default_factory=dict)  # spec.template's
+    # The template's required node affinity (None: unset), tolerations, hostNetwork and
+    # nodeName: with node_selector, where the controller runs a pod (aggregator.placement).
+    affinity: tuple[SelectorTerm, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+    host_network: bool = False
+    template_node: str | None = None
     desired: int = 0  # status.desiredNumberScheduled
     ready: int = 0  # status.numberReady
     available: int = 0  # status.numberAvailable
@@ -161,6 +200,7 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     daemonsets: tuple[DaemonSetState, ...] = ()
     nic_cluster_policy: OperatorStatus | None = None  # None: absent or not readable
     ip_pools: tuple[IpPool, ...] = ()
+    held_addresses: tuple[HeldAddresses, ...] = ()  # every unfinished pod's, by network-status
 
 
 NO_CLUSTER = ClusterView()

@@ -4,19 +4,30 @@ many addresses their IP pools have left for the node.
 
 Pure: a function of the cluster view and the node's adapters; the trace links
 (`aggregator.trace.attachment`, `.ippool`) and the rules (`aggregator.rules.podnetworks`)
-both read it. What the API cannot show (host-local's files on the node, NV-IPAM's per-node
-state) is reported as not observable, never guessed.
+both read it; the address arithmetic is `aggregator.ipam`. What the API cannot show
+(host-local's files on the node, NV-IPAM's per-node store) is reported as not observable or
+as a lower bound ("at least N used", from the pods' network-status), never guessed.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Final, Literal
 
 import msgspec
+from msgspec.structs import replace
 
-from aggregator.cluster import ClusterView, IpPool, NetworkAttachment, PodRequest, PoolKind
+from aggregator import ipam
+from aggregator.cluster import (
+    ClusterView,
+    HeldAddresses,
+    IpamRange,
+    IpPool,
+    NetworkAttachment,
+    PodRequest,
+    PoolKind,
+)
+from aggregator.placement import affinity_matches
 from proto.inventory import Device
 
 # The CNI plugins that give a pod an RDMA adapter's netdev (or a VF of it).
@@ -26,7 +37,13 @@ NOT_OBSERVABLE_IPAM: Final = {
     "(/var/lib/cni/networks): not observable from the API",
     "dhcp": "dhcp leases live in the DHCP server: not observable from the API",
 }
-PoolState = Literal["ok", "exhausted", "missing", "no-block", "not-observable", "no-pool"]
+PoolState = Literal[
+    "ok", "exhausted", "missing", "no-block", "not-selected", "invalid", "not-observable",
+    "no-pool",
+]  # fmt: skip
+# The states in which the node's next pod gets no address, whatever the count says.
+NO_ADDRESS_STATES: Final = frozenset({"no-block", "not-selected", "invalid"})
+FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})  # sandbox gone, addresses freed
 
 
 class NadUse(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +67,10 @@ class PoolUse(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int | None = None
     used: int | None = None
     free: int | None = None
+    # "pool": used is the pool object's own allocations (whereabouts); "network-status":
+    # a lower bound, the block's addresses in the network-status of the node's pods
+    # (NV-IPAM keeps its reservations on the node, out of the API's sight).
+    counted: Literal["pool", "network-status"] | None = None
     detail: str = ""
 
 
@@ -134,33 +155,56 @@ def pool_uses(
     node: str,
     cluster: ClusterView,
     node_pods: Sequence[PodRequest] | None = None,  # the pods on `node`, when indexed
+    node_held: Sequence[HeldAddresses] | None = None,  # every pod's addresses on `node`
 ) -> list[PoolUse]:
-    """What the NAD's IPAM has left for pods on `node` (one entry per pool it names)."""
+    """What the NAD's IPAM has left for pods on `node` (one entry per pool or range)."""
     key = f"{nad.namespace}/{nad.name}"
-    ipam = nad.ipam_type
-    if ipam is None:
+    kind_ = nad.ipam_type
+    if kind_ is None:
         return [PoolUse(nad=key, ipam=None, state="no-pool", detail="no IPAM: no addresses")]
-    if ipam in NOT_OBSERVABLE_IPAM:
-        return [PoolUse(nad=key, ipam=ipam, state="not-observable",
-                        detail=NOT_OBSERVABLE_IPAM[ipam])]  # fmt: skip
-    if ipam == "static":
-        return [PoolUse(nad=key, ipam=ipam, state="no-pool", detail="static addresses")]
-    if ipam == "nv-ipam":
+    if kind_ in NOT_OBSERVABLE_IPAM:
+        return [PoolUse(nad=key, ipam=kind_, state="not-observable",
+                        detail=NOT_OBSERVABLE_IPAM[kind_])]  # fmt: skip
+    if kind_ == "static":
+        return [PoolUse(nad=key, ipam=kind_, state="no-pool", detail="static addresses")]
+    if kind_ == "nv-ipam":
         if not nad.ipam_pools:
-            return [PoolUse(nad=key, ipam=ipam, state="missing", detail="ipam.poolName unset")]
+            return [PoolUse(nad=key, ipam=kind_, state="missing", detail="ipam.poolName unset")]
         cidr = (nad.ipam_pool_type or "ippool").lower() == "cidrpool"
         kind: PoolKind = "nv-ipam-cidrpool" if cidr else "nv-ipam-ippool"
-        here = node_pods if node_pods is not None else pods_on(node, cluster.pods)
-        return [_nv_ipam(key, name, kind, node, cluster, here) for name in nad.ipam_pools]
-    if ipam == "whereabouts":
-        return [_whereabouts(key, nad.ipam_range, cluster)]
-    return [PoolUse(nad=key, ipam=ipam, state="not-observable",
-                    detail=f"nicfleet does not read {ipam}'s allocations")]  # fmt: skip
+        pods = node_pods if node_pods is not None else pods_on(node, cluster.pods)
+        held = node_held if node_held is not None else held_on(node, cluster.held_addresses)
+        addresses = _held(pods, held)
+        return [_nv_ipam(key, name, kind, node, cluster, addresses) for name in nad.ipam_pools]
+    if kind_ == "whereabouts":
+        return _whereabouts(key, nad, node, cluster)
+    return [PoolUse(nad=key, ipam=kind_, state="not-observable",
+                    detail=f"nicfleet does not read {kind_}'s allocations")]  # fmt: skip
+
+
+def held_on(node: str, held: Iterable[HeldAddresses]) -> list[HeldAddresses]:
+    return [h for h in held if h.node == node]
+
+
+def held_by_node(held: Iterable[HeldAddresses]) -> dict[str, list[HeldAddresses]]:
+    found: dict[str, list[HeldAddresses]] = {}
+    for entry in held:
+        found.setdefault(entry.node, []).append(entry)
+    return found
+
+
+def _held(pods: Sequence[PodRequest], held: Sequence[HeldAddresses]) -> set[tuple[int, int]]:
+    """(version, address) of every secondary-network address the node's unfinished pods
+    hold: the RDMA pods' network-status and every other pod's."""
+    texts = [ip for p in pods if p.phase not in FINISHED_PHASES
+             for status in p.network_status for ip in status.ips]  # fmt: skip
+    texts += [ip for h in held for ip in h.ips]
+    return {a for a in map(ipam.parse_ip, texts) if a is not None}
 
 
 def _nv_ipam(
     key: str, name: str, kind: PoolKind, node: str, cluster: ClusterView,
-    here: Sequence[PodRequest],
+    held: set[tuple[int, int]],
 ) -> PoolUse:  # fmt: skip
     label = "CIDRPool" if kind == "nv-ipam-cidrpool" else "IPPool"
     pool = next((p for p in cluster.ip_pools if p.kind == kind and p.name == name), None)
@@ -168,140 +212,150 @@ def _nv_ipam(
         return PoolUse(nad=key, ipam="nv-ipam", state="missing", pool=name, kind=kind,
                        detail=f"no NV-IPAM {label} named {name!r}")  # fmt: skip
     ref = f"{pool.namespace}/{pool.name}"
+    base = PoolUse(nad=key, ipam="nv-ipam", state="ok", pool=ref, kind=kind)
+    known = cluster.nodes.get(node)
+    if known is not None and not affinity_matches(pool.node_selector, node, known.labels):
+        # The controller gives (and keeps) blocks only on the nodes its selector matches;
+        # the node agent then has no config for the pool: "configuration ... not found".
+        return replace(base, state="not-selected", capacity=0, used=0, free=0,
+                       detail=f"{label} {ref}'s nodeSelector does not select {node}: it is "
+                       "not this node's pool, its pods get no address from it")  # fmt: skip
     block = pool.blocks.get(node)
-    total = _blocks_total(pool)
     if block is None:
-        taken = len(pool.blocks)
-        full = total is not None and taken >= total
-        detail = (
-            f"{label} {ref} has no block for {node}: "
-            + (f"all {total} blocks of {pool.network} are taken" if full
-               else f"{taken} of {total if total is not None else '?'} blocks taken; "
-               "its nodeSelector may not select the node")
-        )  # fmt: skip
-        return PoolUse(nad=key, ipam="nv-ipam", state="no-block", pool=ref, kind=kind,
-                       capacity=0, used=0, free=0, detail=detail)  # fmt: skip
-    addresses = _block_addresses(pool, block.first, block.last, block.prefix, block.gateway)
-    if addresses is None:
-        return PoolUse(nad=key, ipam="nv-ipam", state="not-observable", pool=ref, kind=kind,
-                       detail=f"{label} {ref}: the block of {node} does not parse")  # fmt: skip
-    used = _used(addresses, here)
+        return replace(base, state="no-block", capacity=0, used=0, free=0,
+                       detail=_no_block(pool, label, ref, node))  # fmt: skip
+    try:
+        if kind == "nv-ipam-cidrpool":
+            addresses = ipam.nv_cidrpool_block(
+                block.prefix or "", gateway=block.gateway, exclusions=pool.exclusions,
+                per_node=pool.per_node_exclusions,
+            )  # fmt: skip
+        else:
+            addresses = ipam.nv_ippool_block(
+                block.first or "", block.last or "", gateway=pool.gateway,
+                exclusions=pool.exclusions, per_node=pool.per_node_exclusions,
+            )  # fmt: skip
+    except ipam.IpamError as exc:
+        return replace(base, state="invalid", block=block.prefix or block.first,
+                       detail=f"{label} {ref} on {node}: {exc}")  # fmt: skip
+    used = sum(1 for v, a in held if v == addresses.version and a in addresses)
     free = len(addresses) - used
-    label_block = block.prefix or f"{block.first}-{block.last}"
-    return PoolUse(
-        nad=key, ipam="nv-ipam", state="exhausted" if free <= 0 else "ok", pool=ref, kind=kind,
-        block=label_block, capacity=len(addresses), used=used, free=max(free, 0),
-        # NV-IPAM records a node's allocations on the node itself; the API shows the block.
-        detail="used = addresses of the block held by RDMA pods' network-status on the node",
+    return replace(
+        base, state="exhausted" if free <= 0 else "ok",
+        block=block.prefix or addresses.label(), capacity=len(addresses), used=used,
+        free=max(free, 0), counted="network-status",
+        detail=f"at least {used} used (the block's addresses in the network-status of the "
+        f"pods on {node}; NV-IPAM keeps its reservations on the node)",
     )  # fmt: skip
 
 
-def _whereabouts(key: str, network: str | None, cluster: ClusterView) -> PoolUse:
-    if network is None:
-        return PoolUse(nad=key, ipam="whereabouts", state="missing", detail="ipam.range unset")
-    try:
-        wanted = ipaddress.ip_network(network, strict=False)
-    except ValueError:
-        return PoolUse(nad=key, ipam="whereabouts", state="missing",
-                       detail=f"ipam.range {network!r} is not a CIDR")  # fmt: skip
-    capacity = _host_count(wanted)
-    pool = next(
-        (p for p in cluster.ip_pools if p.kind == "whereabouts" and _same_network(p, wanted)),
-        None,
-    )
-    # whereabouts creates its IPPool at the first allocation: none yet is an empty pool.
-    used = len(pool.allocated) if pool is not None else 0
-    free = capacity - used
-    return PoolUse(
-        nad=key, ipam="whereabouts", state="exhausted" if free <= 0 else "ok",
-        pool=f"{pool.namespace}/{pool.name}" if pool else None, kind="whereabouts",
-        capacity=capacity, used=used, free=max(free, 0),
-        detail="pool-wide (whereabouts allocates cluster-wide); ipam.exclude not subtracted",
-    )  # fmt: skip
-
-
-def _same_network(pool: IpPool, wanted: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
-    try:
-        return ipaddress.ip_network(pool.network or "", strict=False) == wanted
-    except ValueError:
-        return False
-
-
-def _host_count(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
-    if net.version == 4 and net.prefixlen < 31:
-        return max(net.num_addresses - 2, 0)  # network and broadcast
-    return net.num_addresses
-
-
-def _blocks_total(pool: IpPool) -> int | None:
-    try:
-        net = ipaddress.ip_network(pool.network or "", strict=False)
-    except ValueError:
-        return None
-    if pool.kind == "nv-ipam-ippool" and pool.block_size:
-        return net.num_addresses // pool.block_size
-    if pool.kind == "nv-ipam-cidrpool" and pool.node_prefix is not None:
-        return 1 << max(pool.node_prefix - net.prefixlen, 0)
-    return None
-
-
-class _Block(msgspec.Struct, frozen=True):
-    """A node's addresses as an interval minus what a pod never gets."""
-
-    lo: int
-    hi: int
-    taken_out: tuple[tuple[int, int], ...]  # exclusions and the gateway, merged, in the block
-
-    def __contains__(self, address: int) -> bool:
-        return self.lo <= address <= self.hi and not any(
-            a <= address <= b for a, b in self.taken_out
+def _no_block(pool: IpPool, label: str, ref: str, node: str) -> str:
+    if pool.kind == "nv-ipam-cidrpool":
+        total = (
+            ipam.nv_cidrpool_prefix_count(
+                pool.network or "", pool.node_prefix, exclusions=pool.exclusions,
+                per_node=pool.per_node_exclusions,
+            ) if pool.node_prefix is not None else None
+        )  # fmt: skip
+        # Static allocations reserve their prefixes, for their node or for none.
+        taken = len({b.prefix for b in pool.blocks.values()} | set(pool.static_prefixes))
+    else:
+        total = (
+            ipam.nv_ippool_block_count(
+                pool.network or "", pool.block_size, gateway=pool.gateway,
+                exclusions=pool.exclusions, per_node=pool.per_node_exclusions,
+            ) if pool.block_size else None
+        )  # fmt: skip
+        taken = len(pool.blocks)
+    if total is not None and taken >= total:
+        return (
+            f"{label} {ref} has no block for {node}: all {total} blocks of {pool.network} are taken"
         )
+    return (
+        f"{label} {ref} has no block for {node}: {taken} of "
+        f"{total if total is not None else '?'} blocks taken (the controller has not "
+        "allocated one yet, or the node is not in its nodeSelector's view)"
+    )
 
-    def __len__(self) -> int:
-        return self.hi - self.lo + 1 - sum(b - a + 1 for a, b in self.taken_out)
+
+def _whereabouts(
+    key: str, nad: NetworkAttachment, node: str, cluster: ClusterView
+) -> list[PoolUse]:
+    ranges = nad.ipam_ranges or (
+        (IpamRange(range=nad.ipam_range),) if nad.ipam_range is not None else ()
+    )
+    if not ranges:
+        return [PoolUse(nad=key, ipam="whereabouts", state="missing", detail="ipam.range unset")]
+    if nad.ipam_node_slice_size:
+        return [_whereabouts_slice(key, nad, ranges[0], node, cluster)]
+    return [_whereabouts_range(key, nad, r, cluster) for r in ranges]
 
 
-def _block_addresses(
-    pool: IpPool, first: str | None, last: str | None, prefix: str | None, gateway: str | None
-) -> _Block | None:
-    """The addresses of a node's block a pod may get: without the gateway and exclusions
-    (and, for an IPv4 CIDRPool prefix, without its network and broadcast address)."""
+def _whereabouts_range(
+    key: str, nad: NetworkAttachment, wanted: IpamRange, cluster: ClusterView
+) -> PoolUse:
+    base = PoolUse(nad=key, ipam="whereabouts", state="ok", kind="whereabouts")
     try:
-        if prefix is not None:
-            net = ipaddress.ip_network(prefix, strict=False)
-            lo, hi = int(net.network_address), int(net.broadcast_address)
-            if net.version == 4 and net.prefixlen < 31:
-                lo, hi = lo + 1, hi - 1
-        elif first is not None and last is not None:
-            lo, hi = int(ipaddress.ip_address(first)), int(ipaddress.ip_address(last))
-        else:
-            return None
-        out = [
-            (int(ipaddress.ip_address(a)), int(ipaddress.ip_address(b))) for a, b in pool.exclusions
-        ]
-        out += [(int(ipaddress.ip_address(g)),) * 2 for g in (gateway, pool.gateway) if g]
-    except ValueError:
-        return None
-    if hi < lo:
-        return None
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in out if a <= hi and b >= lo):
-        if merged and a <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return _Block(lo, hi, tuple(merged))
+        addresses = ipam.whereabouts_range(
+            wanted.range, wanted.range_start, wanted.range_end, wanted.exclude
+        )
+    except ipam.IpamError as exc:
+        return replace(base, state="invalid", detail=str(exc))
+    name = ipam.whereabouts_pool_name(wanted.range, nad.ipam_network_name, None)
+    return _whereabouts_count(base, name, addresses, None, cluster,
+                              "pool-wide (whereabouts allocates cluster-wide)")  # fmt: skip
 
 
-def _used(addresses: _Block, pods: Sequence[PodRequest]) -> int:
-    held: set[int] = set()
-    for pod in pods:
-        for status in pod.network_status:
-            for ip in status.ips:
-                try:
-                    address = int(ipaddress.ip_address(ip.split("/", 1)[0]))
-                except ValueError:
-                    continue
-                if address in addresses:
-                    held.add(address)
-    return len(held)
+def _whereabouts_slice(
+    key: str, nad: NetworkAttachment, wanted: IpamRange, node: str, cluster: ClusterView
+) -> PoolUse:
+    """Fast IPAM: the node's slice of the NodeSlicePool named after network_name (else the
+    config's name), and the node's own IPPool for it."""
+    base = PoolUse(nad=key, ipam="whereabouts", state="ok", kind="whereabouts")
+    slice_name = nad.ipam_network_name or nad.config_name or ""
+    pools = [p for p in cluster.ip_pools if p.kind == "whereabouts-nodeslice"]
+    slices = next((p for p in pools if p.name == slice_name), None)
+    if slices is None:
+        return replace(base, state="missing", pool=slice_name or None,
+                       detail=f"no whereabouts NodeSlicePool named {slice_name!r} "
+                       "(node_slice_size is set: the node controller creates it)")  # fmt: skip
+    ref = f"{slices.namespace}/{slices.name}"
+    block = slices.blocks.get(node)
+    if block is None or block.prefix is None:
+        total = (
+            ipam.whereabouts_slice_count(slices.network or "", slices.node_prefix)
+            if slices.node_prefix is not None else None
+        )  # fmt: skip
+        taken = len(slices.blocks)
+        why = (
+            f"all {total} slices of {slices.network} are taken"
+            if total is not None and taken >= total
+            else f"{taken} of {total if total is not None else '?'} slices taken"
+        )
+        return replace(base, state="no-block", pool=ref, capacity=0, used=0, free=0,
+                       detail=f"NodeSlicePool {ref} has no slice for {node}: {why}")  # fmt: skip
+    try:
+        addresses = ipam.whereabouts_slice(wanted.range, block.prefix)
+    except ipam.IpamError as exc:
+        return replace(base, state="invalid", pool=ref, detail=str(exc))
+    name = ipam.whereabouts_pool_name(block.prefix, nad.ipam_network_name, node)
+    return _whereabouts_count(base, name, addresses, block.prefix, cluster,
+                              f"the slice {block.prefix} of {ref} (exclude does not apply "
+                              "to node slices)")  # fmt: skip
+
+
+def _whereabouts_count(
+    base: PoolUse, name: str, addresses: ipam.AddressSet, block: str | None,
+    cluster: ClusterView, scope: str,
+) -> PoolUse:  # fmt: skip
+    pool = next((p for p in cluster.ip_pools if p.kind == "whereabouts" and p.name == name), None)
+    # whereabouts creates its IPPool at the first allocation: none yet is an empty pool.
+    held = (ipam.parse_ip(ip) for ip in (pool.allocated if pool is not None else {}))
+    used = sum(1 for a in held if a is not None and a[0] == addresses.version and a[1] in addresses)
+    free = len(addresses) - used
+    return replace(
+        base, state="exhausted" if free <= 0 else "ok",
+        pool=f"{pool.namespace}/{pool.name}" if pool else name, block=block,
+        capacity=len(addresses), used=used, free=max(free, 0), counted="pool",
+        detail=f"{scope}; range_start/range_end/exclude applied",
+    )  # fmt: skip

@@ -82,13 +82,21 @@ class ResourceSummary(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int  # sum of advertised over non-stale nodes
     healthy: int
     allocatable: int | None  # sum of node allocatable; None without a cluster
-    zero_nodes: tuple[str, ...]  # selected, not stale, advertising 0 or nothing
+    # Where resource-zero fires (aggregator.fleet.servable): advertising 0, or not serving
+    # it; no healthy device. Nodes that report no plugin status yet are not judged.
+    zero_nodes: tuple[str, ...]
     unhealthy_nodes: tuple[str, ...]  # advertising, but no healthy device (allocatable 0)
     stale_nodes: tuple[str, ...]
     nodes: tuple[ResourceOnNode, ...]
 
 
-LinkStatus = Literal["ok", "broken", "unknown"]
+# degraded: the link holds with reduced capacity (some adapters unhealthy or down, named in
+# its cause and evidence); unknown: it could not be judged (no cluster, never validated).
+LinkStatus = Literal["ok", "degraded", "broken", "unknown"]
+# A chain's verdict, worst first: broken (a link or `components` is) > degraded > unknown
+# (nothing broken or degraded, some link not judged) > ok (every link ok).
+Verdict = Literal["ok", "degraded", "broken", "unknown"]
+VERDICTS: Final[tuple[Verdict, ...]] = ("broken", "degraded", "unknown", "ok")
 
 
 class Link(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,7 +111,11 @@ class Trace(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     resource: str
     checked_at: float
-    ok: bool  # no link is broken, nor `components` (unknown links do not count)
+    verdict: Verdict = "unknown"  # absent from an older aggregator's answer: not judged here
+    # One sentence behind the verdict, the same the CLI and the status page show: the broken
+    # link, the adapters that reduce capacity, or the links not judged.
+    verdict_reason: str = ""
+    ok: bool  # verdict == "ok": every link ok, and `components` (kept for older clients)
     first_broken: int | None  # index into links
     links: tuple[Link, ...]
     # What the cluster must run on the node (DaemonSets, NicClusterPolicy, Node conditions):
@@ -124,6 +136,11 @@ class PodTrace(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool  # scheduling is not broken and no link of any resource's chain is
     scheduling: Link
     traces: tuple[Trace, ...]  # one per requested resource, by name; () when unscheduled
+    # Requested resources with no RDMA chain to trace, and why (another device plugin's: a
+    # GPU, an SR-IOV pool nicfleet does not serve).
+    untraced: dict[str, str] = msgspec.field(default_factory=dict)
+    # Why a scheduled pod has no RDMA chain at all (None when it has one, or is pending).
+    no_chain: str | None = None
 
 
 Phase = Literal["pending", "pods-created", "running", "collecting", "done", "failed", "timed-out"]

@@ -154,11 +154,35 @@ class ModuleInfo(Base, frozen=True, kw_only=True):
     srcversion: str | None = None
 
 
+NvidiaModuleFlavour = Literal["open", "proprietary"]
+
+
+class IommuGroup(Base, frozen=True, kw_only=True):
+    """The IOMMU group of one RDMA adapter's or GPU's PCI function (its `iommu_group`
+    link) and the group's default domain type, as the kernel writes it in
+    kernel/iommu_groups/<group>/type: DMA, DMA-FQ (translated), identity (pass-through),
+    blocked, unmanaged. `type` is null where the file is missing (kernels before 5.4) or
+    unreadable."""
+
+    pci_address: str
+    group: str
+    type: str | None = None
+
+
 class Platform(Base, frozen=True, kw_only=True):
     iommu: bool | None = None  # /sys/class/iommu has entries
     peermem: bool = False  # nvidia_peermem (or legacy nv_peer_mem) loaded
     acs_enabled_bridges: tuple[str, ...] = ()  # bridges on GPU<->NIC paths with ACS redirect
     verbs: str | None = None  # "ok: N devices" or "verbs unavailable: <reason>"
+    # Added after the first format; an older agent sends none of them (empty / null).
+    iommu_groups: tuple[IommuGroup, ...] = ()  # of the RDMA adapters and GPUs, address order
+    # The IOMMU parameters of /proc/cmdline in order (iommu=pt, intel_iommu=on, ...);
+    # null: the command line was not read (no --proc-root), () when it has none.
+    kernel_cmdline_iommu: tuple[str, ...] | None = None
+    kernel_release: str | None = None  # /proc/sys/kernel/osrelease, e.g. "6.8.0-45-generic"
+    # Flavour of the loaded nvidia.ko (module taint P = proprietary licence); null: not
+    # loaded or not told. dma-buf GPUDirect RDMA needs the open one.
+    nvidia_kernel_module: NvidiaModuleFlavour | None = None
 
 
 class NodeSnapshot(
@@ -177,6 +201,11 @@ class NodeSnapshot(
     modules: dict[str, ModuleInfo] = msgspec.field(default_factory=dict)
     platform: Platform = Platform()
     errors: tuple[ReadError, ...] = ()  # host-level errors (GPUs, modules, platform)
+    # PCI addresses of every Mellanox/NVIDIA network function (vendor 0x15b3, class 0x02xxxx)
+    # on the bus, with an RDMA device or without (mlx5_ib unloaded, unregistered): whether a
+    # vanished RDMA device's function is still there. Null: not reported (older agent, or
+    # bus/pci/devices unreadable).
+    nic_functions: tuple[str, ...] | None = None
     # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
     # its own clock, the same in every message of one process; 0: an agent older than epochs.
     epoch: int = 0

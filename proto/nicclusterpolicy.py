@@ -31,15 +31,19 @@ from proto.nicpolicysections import (
     node_policy_notes,
     ofed_notes,
     secondary_network_notes,
-    sriov_notes,
     status_notes,
 )
+from proto.operatorwebhook import webhook_notes
+from proto.sriovdp import sriov_notes
 
 Verdict = Literal["would-not-start", "advertises", "no-inventory"]
 _NICFLEET_REQUIRED: Final = ("uverbs", "umad")  # agent.deviceplugin.selectors._REQUIRED
 _ARPHRD_LINK_TYPES: Final = {1: "ether", 32: "infiniband"}
 _LAYER_LINK_TYPES: Final = {"Ethernet": "ether", "InfiniBand": "infiniband"}
 _PLUGIN_CONFIG: Final = "spec.rdmaSharedDevicePlugin.config"
+# The one NicClusterPolicy the operator reconciles (pkg/consts NicClusterPolicyResourceName;
+# controllers/nicclusterpolicy_controller.go sets any other to state "ignore").
+NIC_CLUSTER_POLICY_NAME: Final = "nic-cluster-policy"
 
 
 class ResourceVerdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,18 +106,57 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
         return min(found, key=lambda s: order[s])
 
 
-def audit(objs: Sequence[Mapping[str, Any]], snapshots: Mapping[str, NodeSnapshot]) -> AuditReport:
-    """Audit every NicClusterPolicy / NicNodePolicy in `objs` against the snapshots."""
-    return AuditReport(policies=tuple(audit_policy(obj, snapshots) for obj in objs))
+def audit(
+    objs: Sequence[Mapping[str, Any]],
+    snapshots: Mapping[str, NodeSnapshot],
+    *,
+    selected: Mapping[str, frozenset[str]] | None = None,
+) -> AuditReport:
+    """Audit every NicClusterPolicy / NicNodePolicy in `objs` against the snapshots;
+    `selected` (NicNodePolicy name -> the nodes its nodeSelector matches, from the live
+    fleet's labels) narrows a node policy to its nodes. Snapshots carry no labels."""
+    chosen = selected or {}
+    return AuditReport(
+        policies=tuple(
+            audit_policy(obj, snapshots, selected_nodes=chosen.get(_name(obj))) for obj in objs
+        )
+    )
 
 
-def audit_policy(obj: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) -> PolicyAudit:
+def node_selector_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """A NicNodePolicy's spec.nodeSelector (a plain label map: every pair must match)."""
+    raw = _map(_map(obj.get("spec")).get("nodeSelector"))
+    return {str(k): str(v) for k, v in raw.items() if isinstance(v, str)}
+
+
+def audit_policy(
+    obj: Mapping[str, Any],
+    snapshots: Mapping[str, NodeSnapshot],
+    *,
+    selected_nodes: frozenset[str] | None = None,
+) -> PolicyAudit:
     kind = str(obj.get("kind") or "NicClusterPolicy")
-    name = str(_map(obj.get("metadata")).get("name") or "")
+    name = _name(obj)
     spec = _map(obj.get("spec"))
     notes: list[Note] = []
+    if kind == "NicClusterPolicy" and name and name != NIC_CLUSTER_POLICY_NAME:
+        notes.append(
+            Note(
+                section="operator",
+                severity="critical",
+                path="metadata.name",
+                message=f"the operator reconciles only the NicClusterPolicy named "
+                f"{NIC_CLUSTER_POLICY_NAME}: it sets {name}'s status to ignore "
+                "and deploys nothing from it",
+            )
+        )
     if kind == "NicNodePolicy":
-        notes.extend(node_policy_notes(name, spec))
+        selector = node_selector_of(obj)
+        narrowed = selected_nodes if selector else None
+        notes.extend(node_policy_notes(name, spec, narrowed, sorted(snapshots)))
+        if narrowed is not None:
+            snapshots = {n: s for n, s in snapshots.items() if n in narrowed}
+    notes.extend(webhook_notes(kind, spec))
     notes.extend(ofed_notes(_map(spec.get("ofedDriver")), snapshots))
     notes.extend(secondary_network_notes(spec, snapshots))
     notes.extend(sriov_notes(_map(spec.get("sriovDevicePlugin")), snapshots))
@@ -285,6 +328,10 @@ def _failure_text(failure: upstream.StartFailure) -> str:
     if failure.stage == "decode":
         return f"{where}: the config is not valid for Go's json.Unmarshal: {failure.reason}"
     return f"{where}: ValidateConfigs: {failure.reason}"
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(_map(obj.get("metadata")).get("name") or "")
 
 
 def _map(value: object) -> Mapping[str, Any]:

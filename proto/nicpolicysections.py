@@ -1,19 +1,19 @@
 """The NicClusterPolicy sections besides the RDMA shared device plugin, against the fleet:
 ofedDriver (the webhook's version pattern, then each node's mlx5_core), secondaryNetwork,
-nvIpam, sriovDevicePlugin selectors, the operator's status, NicNodePolicy names. Pure:
-the spec and snapshots in, Notes out; proto.nicclusterpolicy assembles the audit.
+nvIpam, the operator's status, NicNodePolicy names and nodeSelector. Pure: the spec and
+snapshots in, Notes out; proto.nicclusterpolicy assembles the audit (sriovDevicePlugin is
+proto.sriovdp's, the webhook's other refusals proto.operatorwebhook's).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import msgspec
 
-from proto.gojson import GoJsonError, objects, parse_json
-from proto.inventory import Device, NodeSnapshot
+from proto.inventory import NodeSnapshot
 
 Severity = Literal["critical", "warning", "info"]
 # isValidOFEDVersion (api/v1alpha1/validator/nicpolicy_webhook.go at b06827e).
@@ -25,7 +25,6 @@ _OFED_VERSION: Final = re.compile(
 # mlx5_core's modinfo version starts with ("24.10-1.1.4").
 _OFED_RELEASE: Final = re.compile(r"(?:doca[\d.]+-)?(\d+\.\d+)-(\d+)\.(\d+)\.(\d+)")
 _NODE_POLICY_NAME_MAX: Final = 30  # maxNicNodePolicyNameLength (its message says 50)
-_ARPHRD_LINK_TYPES: Final = {1: "ether", 32: "infiniband"}
 
 
 class Note(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,110 +157,6 @@ def secondary_network_notes(
     return notes
 
 
-def sriov_notes(plugin: Mapping[str, Any], snapshots: Mapping[str, NodeSnapshot]) -> list[Note]:
-    """sriovDevicePlugin.config resourceList selectors against the fleet's adapters (PFs and
-    VFs), compared as sriov-network-device-plugin does: exact strings, pfNames on the PF."""
-    raw = plugin.get("config")
-    path = "spec.sriovDevicePlugin.config"
-    if not plugin or raw is None:
-        return []
-    if not isinstance(raw, str):
-        return [
-            Note(
-                section="sriovDevicePlugin",
-                severity="critical",
-                path=path,
-                message="config must be a string holding JSON",
-            )
-        ]
-    try:
-        top = objects(parse_json(raw))
-    except GoJsonError as exc:
-        return [
-            Note(
-                section="sriovDevicePlugin",
-                severity="critical",
-                path=path,
-                message="the operator's webhook refuses it: Invalid json of"
-                f" SriovNetworkDevicePluginConfig ({exc.reason})",
-            )
-        ]
-    items = (top or {}).get("resourceList")
-    if not isinstance(items, list):
-        return [
-            Note(
-                section="sriovDevicePlugin",
-                severity="critical",
-                path=f"{path}.resourceList",
-                message="missing or not a list",
-            )
-        ]
-    devices = [(n, d, s) for n, s in snapshots.items() for d in s.devices]
-    notes = []
-    for i, item in enumerate(items):
-        entry = objects(item) or {}
-        name = entry.get("resourceName")
-        chosen = entry.get("selectors")
-        groups = (
-            [objects(g) or {} for g in chosen]
-            if isinstance(chosen, list)
-            else [objects(chosen) or {}]
-        )
-        hits = sorted(
-            {f"{n}/{d.name}" for n, d, s in devices if any(_sriov_selects(g, d, s) for g in groups)}
-        )
-        if snapshots and not hits:
-            notes.append(
-                Note(
-                    section="sriovDevicePlugin",
-                    severity="warning",
-                    path=f"{path}.resourceList[{i}]",
-                    message=f"resource {name!r} selects no adapter on any of {len(snapshots)}"
-                    " nodes: it advertises 0",
-                )
-            )
-        elif hits:
-            notes.append(
-                Note(
-                    section="sriovDevicePlugin",
-                    severity="info",
-                    path=f"{path}.resourceList[{i}]",
-                    message=f"resource {name!r} selects {len(hits)} adapters: {', '.join(hits[:8])}"
-                    + (" …" if len(hits) > 8 else ""),
-                )
-            )
-    return notes
-
-
-def _sriov_selects(selectors: Mapping[str, Any], device: Device, snap: NodeSnapshot) -> bool:
-    pf_netdevs: Iterable[str] = device.netdevs
-    if device.sriov is not None and device.sriov.physfn:
-        pf = next((d for d in snap.devices if d.pci_address == device.sriov.physfn), None)
-        pf_netdevs = pf.netdevs if pf is not None else ()
-    link_types = {_ARPHRD_LINK_TYPES.get(i.type or 0, "") for i in device.interfaces}
-    have: dict[str, set[str]] = {
-        "vendors": {(device.vendor_id or "").lower().removeprefix("0x")},
-        "devices": {(device.device_id or "").lower().removeprefix("0x")},
-        "drivers": {device.driver or ""},
-        "pfNames": set(pf_netdevs),
-        "linkTypes": link_types,
-        "rootDevices": {device.sriov.physfn}
-        if device.sriov is not None and device.sriov.physfn
-        else set(),
-    }
-    for key, values in selectors.items():
-        if key == "isRdma":
-            continue  # every device in a snapshot is an RDMA device
-        if key not in have or not isinstance(values, list) or not values:
-            continue
-        wanted = {
-            v.split("#", 1)[0] if key == "pfNames" else v for v in values if isinstance(v, str)
-        }
-        if not wanted & have[key]:
-            return False
-    return selectors.get("isRdma") is not False
-
-
 def status_notes(status: Mapping[str, Any]) -> list[Note]:
     if not status:
         return []
@@ -292,7 +187,11 @@ def status_notes(status: Mapping[str, Any]) -> list[Note]:
     return notes
 
 
-def node_policy_notes(name: str, spec: Mapping[str, Any]) -> list[Note]:
+def node_policy_notes(
+    name: str, spec: Mapping[str, Any], selected: frozenset[str] | None, nodes: Sequence[str]
+) -> list[Note]:
+    """The webhook's name limit, and which of `nodes` the nodeSelector picks: `selected`
+    when the live fleet's labels were read, None when judging from snapshots (no labels)."""
     notes = []
     if len(name) > _NODE_POLICY_NAME_MAX:
         notes.append(
@@ -304,16 +203,30 @@ def node_policy_notes(name: str, spec: Mapping[str, Any]) -> list[Note]:
                 f" {_NODE_POLICY_NAME_MAX} characters",
             )
         )
-    if spec.get("nodeSelector"):
-        selector = ", ".join(f"{k}={v}" for k, v in _map(spec.get("nodeSelector")).items())
-        notes.append(
-            Note(
-                section="nicNodePolicy",
-                severity="info",
-                path="spec.nodeSelector",
-                message=f"applies to nodes with {selector}; audited against every node given",
-            )
+    if not spec.get("nodeSelector"):
+        return notes
+    selector = ", ".join(f"{k}={v}" for k, v in _map(spec.get("nodeSelector")).items())
+    if selected is None:
+        message = (
+            f"applies to nodes with {selector}; snapshots carry no node labels (nor does an "
+            "aggregator without a cluster), so it is audited against every node given"
         )
+        notes.append(Note(section="nicNodePolicy", severity="info", path="spec.nodeSelector",
+                          message=message))  # fmt: skip
+        return notes
+    picked = [n for n in nodes if n in selected]
+    if not picked:
+        message = f"selects none of the {len(nodes)} nodes audited ({selector}): it deploys nothing"
+        notes.append(Note(section="nicNodePolicy", severity="warning", path="spec.nodeSelector",
+                          message=message))  # fmt: skip
+        return notes
+    shown = ", ".join(picked[:8]) + (" …" if len(picked) > 8 else "")
+    message = (
+        f"applies to {len(picked)} of {len(nodes)} nodes by their labels ({selector}): {shown}; "
+        "audited against those"
+    )
+    notes.append(Note(section="nicNodePolicy", severity="info", path="spec.nodeSelector",
+                      message=message))  # fmt: skip
     return notes
 
 

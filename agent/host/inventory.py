@@ -17,6 +17,7 @@ from agent.counters.reader import CounterReader
 from agent.errors import CollectionTimeout, ReadErrorLog
 from agent.host import devices, pci, platform, topology
 from agent.host.portstates import PortStateReader, collect_port_states
+from agent.host.procfs import Procfs
 from agent.host.sysfs import Sysfs
 from proto.inventory import (
     Device,
@@ -58,6 +59,7 @@ class _Collected:
     modules: dict[str, ModuleInfo]
     platform: Platform
     errors: tuple[ReadError, ...]
+    nic_functions: tuple[str, ...] | None
 
 
 def collect_snapshot(
@@ -68,12 +70,14 @@ def collect_snapshot(
     now: float,
     agent_version: str,
     timeout: float | None = SNAPSHOT_TIMEOUT,
+    procfs: Procfs | None = None,
 ) -> NodeSnapshot:
     """The full inventory of the tree. Per-device read errors are in each
     `Device.errors`, the others in the snapshot's `errors`; nothing raises for bad data.
+    `procfs`: where the kernel command line and release are read (None: not read).
     """
     try:
-        found = sysfs.run_bounded(lambda: _collect(sysfs), timeout=timeout)
+        found = sysfs.run_bounded(lambda: _collect(sysfs, procfs), timeout=timeout)
     except CollectionTimeout as exc:
         return NodeSnapshot(
             node=node,
@@ -93,19 +97,21 @@ def collect_snapshot(
         modules=found.modules,
         platform=found.platform,
         errors=found.errors,
+        nic_functions=found.nic_functions,
     )
 
 
-def _collect(sysfs: Sysfs) -> _Collected:
+def _collect(sysfs: Sysfs, procfs: Procfs | None) -> _Collected:
     errors = ReadErrorLog()
     chars = devices.char_devices(sysfs, errors)
     rdma = [
         devices.read_device(sysfs, name, chars) for name in counters.device_names(sysfs, errors)
     ]
     gpus = pci.find_gpus(sysfs, errors)
+    nic_functions = pci.find_nic_functions(sysfs, errors)
     nics = [(r.device.name, r.function) for r in rdma if r.function is not None]
     modules = platform.read_modules(sysfs, errors)
-    facts = platform.read_platform(sysfs, modules, gpus, [fn for _, fn in nics], errors)
+    facts = platform.read_platform(sysfs, modules, gpus, [fn for _, fn in nics], errors, procfs)
     return _Collected(
         devices=tuple(r.device for r in rdma),
         gpus=tuple(_gpu(fn) for fn in gpus),
@@ -113,6 +119,7 @@ def _collect(sysfs: Sysfs) -> _Collected:
         modules=modules,
         platform=facts,
         errors=errors.to_tuple(),
+        nic_functions=nic_functions,
     )
 
 

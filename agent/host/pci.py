@@ -215,3 +215,29 @@ def find_gpus(sysfs: Sysfs, errors: ReadErrorLog) -> list[PciFunction]:
             continue
         gpus.append(read_function(d, address, chain, errors))
     return gpus
+
+
+def find_nic_functions(sysfs: Sysfs, errors: ReadErrorLog) -> tuple[str, ...] | None:
+    """The addresses of the Mellanox/NVIDIA network functions among bus/pci/devices/*,
+    with an RDMA device or not (NodeSnapshot.nic_functions); None when the bus cannot be
+    listed, so a missing list never reads as "every function gone"."""
+    try:
+        bus = sysfs.dir(BUS_DEVICES)
+        names = bus.entries()
+    except ReadFailed as failure:
+        if failure.error != "ENOENT":
+            errors.add(failure)
+        return None
+    found: list[str] = []
+    for name in names:
+        try:
+            d = bus.child(name)
+        except ReadFailed as failure:
+            errors.add(failure)
+            continue
+        vendor = read_value(d, "vendor", lambda t: pciparse.parse_pci_id(t, "vendor"), errors)
+        if vendor != pciparse.MELLANOX_VENDOR:
+            continue  # most functions: one read
+        if pciparse.is_rdma_nic(vendor, read_value(d, "class", pciparse.parse_pci_class, errors)):
+            found.append(name.lower())
+    return tuple(sorted(found))

@@ -11,6 +11,9 @@ from typing import Final
 
 from agent.errors import ParseError
 
+# The kustomize overlay that grants CAP_SYS_ADMIN: named in the error so the data-quality
+# finding that shows it says how to turn ACS from unknown into known.
+ACS_OVERLAY: Final = "deploy/overlays/acs"
 HEADER_SIZE: Final = 64  # what an unprivileged reader gets (type 0/1 header)
 CARDBUS_HEADER_SIZE: Final = 128  # ... and of a CardBus bridge
 CONFIG_SPACE_SIZE: Final = 256  # conventional PCI: no extended capabilities
@@ -38,7 +41,8 @@ class HeaderOnly(ParseError):
             "PCI config space",
             _hex(config),
             "extended config space not readable: needs CAP_SYS_ADMIN "
-            f"(read {len(config)} bytes, the header only)",
+            f"(read {len(config)} bytes, the header only), so ACS is unknown; "
+            f"enable {ACS_OVERLAY}",
         )
 
 

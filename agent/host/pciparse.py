@@ -15,6 +15,8 @@ from agent.host.parse import parse_decimal
 # pci_power_names[] in drivers/pci/pci.c.
 POWER_STATES: Final = frozenset({"error", "D0", "D1", "D2", "D3hot", "D3cold", "unknown"})
 NVIDIA_VENDOR: Final = "0x10de"
+MELLANOX_VENDOR: Final = "0x15b3"  # ConnectX / BlueField (NVIDIA networking)
+NETWORK_CLASS_PREFIX: Final = "0x02"  # network controller: Ethernet 0x0200, InfiniBand 0x0207
 # PCI class prefixes (base class + subclass) of GPUs: 3D controller (H100, A100) and VGA.
 GPU_CLASS_PREFIXES: Final = ("0x0302", "0x0300")
 N = TypeVar("N", int, float)
@@ -143,6 +145,15 @@ def is_gpu(vendor: str | None, class_code: str | None) -> bool:
     if vendor != NVIDIA_VENDOR or class_code is None:
         return False
     return class_code.startswith(GPU_CLASS_PREFIXES)
+
+
+def is_rdma_nic(vendor: str | None, class_code: str | None) -> bool:
+    """A Mellanox/NVIDIA network function (a ConnectX port, a BlueField's, or a VF)."""
+    return (
+        vendor == MELLANOX_VENDOR
+        and class_code is not None
+        and class_code.startswith(NETWORK_CLASS_PREFIX)
+    )
 
 
 def effective_max(device_max: N | None, upstream_max: N | None) -> N | None:

@@ -1,21 +1,27 @@
-"""Host facts around the adapters: kernel modules, GPUDirect peer memory, IOMMU, ACS.
+"""Host facts around the adapters: kernel modules, GPUDirect peer memory and dma-buf,
+IOMMU (registered units, the adapters' and GPUs' group types, the command line), ACS.
 
-Reads /sys/module, /sys/kernel/mm/memory_peers, /sys/class/iommu and the PCI config
-space of the bridges between GPUs and NICs (decoded by the pure agent.host.pciconfig).
-Failures go to the host-level error log; nothing here knows RDMA ports.
+Reads /sys/module, /sys/kernel/mm/memory_peers, /sys/class/iommu, /sys/kernel/iommu_groups,
+the PCI config space of the bridges between GPUs and NICs (decoded by the pure
+agent.host.pciconfig) and, given a Procfs, the kernel command line and release (parsed by
+agent.host.kernelparse). Failures go to the host-level error log; nothing here knows RDMA
+ports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 from agent.errors import ParseError, ReadErrorLog, ReadFailed
-from agent.host import pciconfig, topology
+from agent.host import kernelparse, pciconfig, topology
 from agent.host.parse import parse_string
 from agent.host.pci import PciFunction
+from agent.host.procfs import Procfs
 from agent.host.sysfs import ABSENT, Sysfs, read_value
-from proto.inventory import ModuleInfo, Platform
+from proto.inventory import IommuGroup, ModuleInfo, NvidiaModuleFlavour, Platform
+
+T = TypeVar("T")
 
 # The RDMA stack (core, verbs, umad, CM, mlx5) and the GPU side of GPUDirect RDMA.
 MODULES: Final = (
@@ -116,15 +122,98 @@ def acs_enabled_bridges(
     return tuple(enabled)
 
 
+def read_iommu_groups(
+    sysfs: Sysfs, functions: Sequence[PciFunction], errors: ReadErrorLog
+) -> tuple[IommuGroup, ...]:
+    """The group and its default domain type of each function with an `iommu_group`
+    link (none without an IOMMU), in address order, each function once.
+
+    The type is the real DMA mode: `iommu=pt` makes it identity, `intel_iommu=on` alone
+    DMA or DMA-FQ, and it can be changed per group at run time. A kernel before 5.4 has
+    no `type` file: null, not recorded.
+    """
+    found: dict[str, IommuGroup] = {}
+    for fn in sorted(functions, key=lambda f: f.address):
+        if fn.address in found:
+            continue
+        try:
+            group = fn.dir.link_name("iommu_group")
+        except ReadFailed as failure:
+            if failure.error != "ENOENT":
+                errors.add(failure)
+            continue
+        try:
+            d = sysfs.dir(f"kernel/iommu_groups/{group}")
+        except ReadFailed as failure:
+            errors.add(failure)
+            kind = None
+        else:
+            kind = read_value(d, "type", kernelparse.parse_group_type, errors, quiet=ABSENT)
+        found[fn.address] = IommuGroup(pci_address=fn.address, group=group, type=kind)
+    return tuple(found.values())
+
+
+def read_nvidia_flavour(
+    sysfs: Sysfs,
+    modules: dict[str, ModuleInfo],
+    procfs: Procfs | None,
+    errors: ReadErrorLog,
+) -> NvidiaModuleFlavour | None:
+    """Open or proprietary nvidia.ko, None when it is not loaded or neither source tells.
+
+    module/nvidia/taint first (always there for a loaded module, Linux 3.x+), then the
+    driver's own /proc/driver/nvidia/version line.
+    """
+    if "nvidia" not in modules:
+        return None
+    try:
+        d = sysfs.dir("module/nvidia")
+    except ReadFailed as failure:
+        errors.add(failure)
+    else:
+        flavour = read_value(d, "taint", kernelparse.parse_module_taint, errors, quiet=ABSENT)
+        if flavour is not None:
+            return flavour
+    if procfs is None:
+        return None
+    return _proc_value(procfs, "driver/nvidia/version", kernelparse.parse_nvidia_version, errors)
+
+
+def _proc_value(
+    procfs: Procfs, rel: str, parser: Callable[[str], T], errors: ReadErrorLog
+) -> T | None:
+    try:
+        text = procfs.read_text(rel)
+    except ReadFailed as failure:
+        errors.add(failure)
+        return None
+    try:
+        return parser(text)
+    except ParseError as exc:
+        errors.record(f"/proc/{rel}", exc.short())
+        return None
+
+
 def read_platform(
     sysfs: Sysfs,
     modules: dict[str, ModuleInfo],
     gpus: Sequence[PciFunction],
     nics: Sequence[PciFunction],
     errors: ReadErrorLog,
+    procfs: Procfs | None = None,
 ) -> Platform:
+    """`procfs` None (a lab or captured tree, no --proc-root): the command line and
+    kernel release stay null, since the agent's own kernel would misreport that tree."""
+    cmdline = release = None
+    if procfs is not None:
+        cmdline = _proc_value(procfs, "cmdline", kernelparse.parse_cmdline_iommu, errors)
+        release = _proc_value(procfs, "sys/kernel/osrelease", kernelparse.parse_osrelease, errors)
     return Platform(
         iommu=read_iommu(sysfs, errors),
         peermem=has_peermem(sysfs, modules),
         acs_enabled_bridges=acs_enabled_bridges(gpus, nics, errors),
+        iommu_groups=read_iommu_groups(sysfs, [*nics, *gpus], errors),
+        kernel_cmdline_iommu=cmdline,
+        kernel_release=release,
+        nvidia_kernel_module=read_nvidia_flavour(sysfs, modules, procfs, errors),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +18,7 @@ import click
 import msgspec
 
 from agent.errors import AgentError
+from agent.lab import traffic
 from agent.lab.faults import (
     FaultError,
     FaultRecord,
@@ -52,10 +54,16 @@ _ROOT = click.option(
 _DEVICE = click.option("--device", required=True, help="RDMA device, e.g. mlx5_0.")
 _PORT = click.option("--port", default=1, show_default=True, type=click.IntRange(min=1))
 _IN_PLACE = click.option(
-    "--in-place",
-    is_flag=True,
-    help="Rewrite files in place instead of replacing them (for readers that cache fds).",
+    "--in-place/--atomic",
+    "in_place",
+    default=True,
+    show_default=True,
+    help="In place: rewrite each file's inode, so a running agent (which keeps counter and "
+    "port-state files open) sees it. --atomic: replace the file (temp file + rename), for "
+    "readers that reopen it every time.",
 )
+# What ends a command that runs for a while (lab traffic, counter --repeat) cleanly.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class LabInputError(AgentError, click.ClickException):
@@ -204,10 +212,43 @@ def port_up_cmd(root: Path, device: str, port: int, in_place: bool) -> None:
 @_PORT
 @click.option("--name", required=True, help="Counter, e.g. port_rcv_errors or hw_counters/x.")
 @click.option("--delta", default=1, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Add --delta this many times, --every seconds apart (one JSON line each): a rate "
+    "that lasts, as a bad cable's errors do, for rules that judge rates over time.",
+)
+@click.option(
+    "--every",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds between two repeats.",
+)
 @_IN_PLACE
-def counter_cmd(root: Path, device: str, port: int, name: str, delta: int, in_place: bool) -> None:
+def counter_cmd(
+    root: Path,
+    device: str,
+    port: int,
+    name: str,
+    delta: int,
+    repeat: int,
+    every: float,
+    in_place: bool,
+) -> None:
     """Increase a port counter (PMA counters saturate, hw_counters wrap at 32 bits)."""
-    _emit(lambda: bump_counter(root, device, port, name, delta, atomic=not in_place))
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
+    try:
+        for i in range(repeat):
+            if i and stop.wait(every):
+                break  # SIGTERM/Ctrl-C between two bumps: what was added stays
+            _emit(lambda: bump_counter(root, device, port, name, delta, atomic=not in_place))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @fault.command("pcie-width")
@@ -258,6 +299,54 @@ def device_remove_cmd(root: Path, device: str) -> None:
 def device_add_cmd(root: Path, device: str) -> None:
     """Bring back a device removed with device-remove."""
     _emit(lambda: device_add(root, device))
+
+
+@lab.command("traffic")
+@click.option(
+    "--root",
+    "roots",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A tree rendered by `lab render` (repeat for several nodes).",
+)
+@click.option(
+    "--load",
+    default=traffic.DEFAULT_LOAD,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Mean share of each ACTIVE port's rate sent and received (swings ±20%).",
+)
+@click.option(
+    "--interval",
+    default=traffic.DEFAULT_INTERVAL_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds between two counter updates.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0.0),
+    help="Stop after this many seconds (default: until SIGTERM/Ctrl-C).",
+)
+def traffic_cmd(
+    roots: tuple[Path, ...], load: float, interval: float, duration: float | None
+) -> None:
+    """Move the data and packet counters of every ACTIVE port, in place, so a running
+    agent sees traffic (rates, sparklines); error counters are left alone."""
+    settings = traffic.TrafficSettings(load=load, interval_s=interval)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
+    timer = threading.Timer(duration, stop.set) if duration is not None else None
+    try:
+        if timer is not None:
+            timer.start()
+        traffic.drive(roots, settings, stop)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @lab.command("kubelet")

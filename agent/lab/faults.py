@@ -1,8 +1,9 @@
 """Fault injection on a rendered tree: port down/up, counter bumps and resets, PCIe width
 drop, ACS control edits (device removal: hotplug.py). Owns which files a fault touches, in
-kernel formats and counter widths, and how: atomically by default (temp file + os.replace,
-readers see old or new, never half), or in place with `atomic=False` for readers that
-pread a cached fd (an atomic replace gives the file a new inode they would never see).
+kernel formats and counter widths, and how: in place by default, so a running agent that
+holds a descriptor and preads it (its counter and port-state readers do) sees the change,
+or with `atomic=True` as a temp file + os.replace (readers that reopen see old or new,
+never half, but a held descriptor keeps reading the replaced inode forever).
 """
 
 from __future__ import annotations
@@ -52,18 +53,18 @@ class FaultRecord(msgspec.Struct, frozen=True, kw_only=True):
     injected_at: float  # before the first write (port faults) or after the last one
 
 
-def port_down(root: Path, device: str, port: int = 1, *, atomic: bool = True) -> FaultRecord:
+def port_down(root: Path, device: str, port: int = 1, *, atomic: bool = False) -> FaultRecord:
     """State DOWN / phys_state Disabled, and the port's netdevs down without carrier."""
     return _set_port(root, device, port, "port-down", up=False, atomic=atomic)
 
 
-def port_up(root: Path, device: str, port: int = 1, *, atomic: bool = True) -> FaultRecord:
+def port_up(root: Path, device: str, port: int = 1, *, atomic: bool = False) -> FaultRecord:
     """State ACTIVE / phys_state LinkUp, and the port's netdevs up with carrier."""
     return _set_port(root, device, port, "port-up", up=True, atomic=atomic)
 
 
 def bump_counter(
-    root: Path, device: str, port: int, name: str, delta: int, *, atomic: bool = True
+    root: Path, device: str, port: int, name: str, delta: int, *, atomic: bool = False
 ) -> FaultRecord:
     """Add `delta` to counters/<name>, counters_ext/<name> or hw_counters/<name> (a
     `dir/name` prefix picks one). Narrow PMA error counters saturate at their width like
@@ -73,6 +74,19 @@ def bump_counter(
     if delta < 0:
         raise FaultError(name, f"delta must be >= 0, got {delta} (counters only grow)")
     root = tree_root(root)
+    files = counter_files(root, device, port, name)
+    changes = []
+    for path, width in files:
+        changes.append(write(root, path, f"{added(_read_int(path), delta, width)}\n", atomic))
+    first = files[0][0]
+    return record("counter", f"{device}/{port}/{first.parent.name}/{first.name}", changes)
+
+
+CounterWidth = int | None  # bits a counter saturates at; None: it wraps at 32 (hw_counters)
+
+
+def counter_files(root: Path, device: str, port: int, name: str) -> list[tuple[Path, CounterWidth]]:
+    """The file `name` is on the port, and its counters_ext/ twin when it has one."""
     port_dir = port_path(root, device, port)
     group, _, leaf = name.rpartition("/")
     if group not in {"", *COUNTER_DIRS} or not NAME_RE.match(leaf):
@@ -87,19 +101,21 @@ def bump_counter(
     twin = port_dir / ("counters_ext" if found[0].parent.name == "counters" else "counters")
     if leaf in twins and (twin / twins[leaf]).is_file():
         paths.append(twin / twins[leaf])
-    changes = []
-    for path in paths:
-        value = _read_int(path)
-        if path.parent.name == "hw_counters":
-            new = (value + delta) % (1 << HW_COUNTER_BITS)
-        else:
-            new = min(value + delta, (1 << _width(port_dir, path)) - 1)
-        changes.append(write(root, path, f"{new}\n", atomic))
-    return record("counter", f"{device}/{port}/{paths[0].parent.name}/{paths[0].name}", changes)
+    return [
+        (path, None if path.parent.name == "hw_counters" else _width(port_dir, path))
+        for path in paths
+    ]
+
+
+def added(value: int, delta: int, width: CounterWidth) -> int:
+    """`value + delta` as a counter of that width holds it: saturated, or wrapped."""
+    if width is None:
+        return (value + delta) % (1 << HW_COUNTER_BITS)
+    return min(value + delta, (1 << width) - 1)
 
 
 def counter_reset(
-    root: Path, device: str, port: int | None = None, *, atomic: bool = True
+    root: Path, device: str, port: int | None = None, *, atomic: bool = False
 ) -> FaultRecord:
     """Every counter of the port (all ports when None) back to 0, as a driver reload or a
     firmware reset leaves them; hw_counters/lifespan is a setting and stays. Only files
@@ -123,7 +139,7 @@ def counter_reset(
 
 
 def pcie_width_drop(
-    root: Path, pci_address: str, width: int, *, atomic: bool = True
+    root: Path, pci_address: str, width: int, *, atomic: bool = False
 ) -> FaultRecord:
     """Retrain the function's link at a narrower `width`. A link has two ends and one
     status, so the upstream bridge port and the device's other functions change too; each
@@ -150,7 +166,7 @@ def pcie_width_drop(
     return record("pcie-width", pci_address, changes)
 
 
-def set_acs(root: Path, pci_address: str, control: int, *, atomic: bool = True) -> FaultRecord:
+def set_acs(root: Path, pci_address: str, control: int, *, atomic: bool = False) -> FaultRecord:
     """Rewrite a bridge's ACS control register (+6 in extended capability 0x000D), as
     `setpci -s <addr> ECAP_ACS+6.w=<control>` does; the record shows the register in hex."""
     root = tree_root(root)
@@ -177,6 +193,11 @@ def _set_port(
         (port_dir / "state", f"{PORT_STATES[state]}: {state}\n"),
         (port_dir / "phys_state", f"{PHYS_STATES[phys]}: {phys}\n"),
     ]
+    # Two files, two writes: in the order the hardware moves (the link trains before the
+    # port goes ACTIVE; the port is DOWN as the link drops), so an agent polling between
+    # them sees DOWN/LinkUp, a real state, never ACTIVE/Disabled.
+    if up:
+        files.reverse()
     # The port's netdevs: the function's net/* whose dev_port is port - 1 (as ibdev2netdev
     # does); written through class/net/<name> so the record shows the usual path.
     net = root / "class" / "infiniband" / device / "device" / "net"
@@ -270,15 +291,33 @@ def write_bytes(
             Path(tmp).unlink(missing_ok=True)
             raise
     else:
-        # In place, so an open fd sees the new value; a shorter value is a write then a
-        # truncate, which a reader may straddle (sysfs itself never has this problem).
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+        write_in_place(path, data)
     return Change(path=str(path.relative_to(root)), old=old, new=new)
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Rewrite `path`'s inode, so a descriptor held open on it reads the new bytes.
+
+    A shorter text value is first written padded with spaces to the old length, then
+    truncated: a reader between the two reads the new value plus trailing blanks, which
+    every sysfs parser strips (the agent's, `int()`, `cat`), never the new value's head
+    followed by the old one's tail ("0\\n345\\n"). Binary files keep their length.
+    """
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if len(data) < size and data.endswith(b"\n"):
+            os.pwrite(fd, padded(data, size), 0)
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def padded(data: bytes, size: int) -> bytes:
+    """`data` ("1: DOWN\\n") blank-padded before its newline to `size` bytes: what a
+    reader may meet while a longer value is being replaced by it in place."""
+    return data[:-1] + b" " * (size - len(data)) + data[-1:]
 
 
 def record(

@@ -51,6 +51,8 @@ AdapterModelName = Literal[
     "ConnectX-6", "ConnectX-6 Dx", "ConnectX-7", "BlueField-2", "BlueField-3"
 ]  # fmt: skip
 GpuModel = Literal["H100 SXM5", "H100 PCIe", "A100 SXM4 80GB"]
+IommuGroupType = Literal["DMA", "DMA-FQ", "identity"]
+NvidiaFlavour = Literal["open", "proprietary"]
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -214,6 +216,11 @@ class NodeSpec(_Spec, frozen=True, kw_only=True):
     possible_cpus: Positive | None = None  # default: highest CPU + 1
     modules: dict[Name, Line | Module | None] = {}  # a version, null (in-tree) or a Module
     iommu: bool = False  # Intel VT-d: class/iommu/dmarN and IOMMU groups
+    # Every group's default domain type: DMA-FQ as intel_iommu=on leaves it, identity as
+    # with iommu=pt (kernel/iommu_groups/N/type).
+    iommu_group_type: IommuGroupType = "DMA-FQ"
+    # The flavour of nvidia.ko, seen in module/nvidia/taint (P: proprietary licence).
+    nvidia_kernel_module: NvidiaFlavour = "proprietary"
     host_bridges: Annotated[list[HostBridge], Meta(min_length=1)]
     switches: list[Switch] = []
     gpus: list[Gpu] = []

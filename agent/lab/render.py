@@ -38,7 +38,6 @@ PCIE_PORT_TYPES = {
     "downstream": pciconfig.PCIE_DOWNSTREAM,
 }
 _STYLES: dict[str, pciconfig.Style] = {"gpu": "gpu", "adapter": "nic", "vf": "vf"}
-IOMMU_GROUP_TYPE = "DMA-FQ"  # translated DMA with a flush queue, the default on x86 today
 
 
 class RenderError(AgentError):
@@ -77,9 +76,20 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
             srcversion = srcversion_of(name, module.version)
         if isinstance(srcversion, str):
             tree.write(f"module/{name}/srcversion", f"{srcversion}\n")
+        tree.write(f"module/{name}/taint", f"{module_taint(spec, name, module.version)}\n")
     _write_iommu(tree, spec, layout)
     _write_system(tree, cpus, nbits)
     tree.write(MARKER, json.dumps({"node": spec.name, "format": 1}) + "\n")
+
+
+def module_taint(spec: NodeSpec, name: str, version: str | None) -> str:
+    """module/<name>/taint as the kernel writes it: P for a non-GPL licence (the
+    proprietary nvidia.ko, licensed "NVIDIA"; the open one is "Dual MIT/GPL", as is
+    nvidia_peermem in both), O out of tree (here: anything with a MODULE_VERSION, the
+    NVIDIA and MLNX_OFED modules), nothing for an in-tree module."""
+    if name == "nvidia" and spec.nvidia_kernel_module == "proprietary":
+        return "PO"
+    return "O" if version is not None or name.startswith("nvidia") else ""
 
 
 def cpulist_text(cpus: list[int]) -> str:
@@ -264,7 +274,7 @@ def _write_iommu(tree: _Tree, spec: NodeSpec, layout: Layout) -> None:
         tree.link(f"{unit}/devices/{address}", d)
         tree.link(f"{d}/iommu_group", f"kernel/iommu_groups/{group}")
         tree.link(f"kernel/iommu_groups/{group}/devices/{address}", d)
-        tree.write(f"kernel/iommu_groups/{group}/type", f"{IOMMU_GROUP_TYPE}\n")
+        tree.write(f"kernel/iommu_groups/{group}/type", f"{spec.iommu_group_type}\n")
 
 
 def _write_system(tree: _Tree, cpus: dict[int, list[int]], nbits: int) -> None:

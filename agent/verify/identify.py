@@ -86,11 +86,19 @@ def secondary_interfaces(
     return tuple(i for i in interfaces if i.name != primary)
 
 
+def injected_pci(injected: InjectedEvidence) -> set[str]:
+    """The PCI functions a device plugin says it gave the pod: NICFLEET_PCI_ADDRESSES and
+    the SR-IOV device plugin's RDMA allocations (PCIDEVICE_<RESOURCE>)."""
+    found = set(injected.pci_addresses or ())
+    found |= {a for e in injected.sriov if e.rdma is not False for a in e.pci_addresses}
+    return found
+
+
 def allocated_pci(injected: InjectedEvidence, devices: Iterable[DeviceEvidence]) -> set[str]:
     """PCI functions the pod was given: the injected ones, else those of the injected
     devices as the pod's sysfs shows them; empty when neither is known."""
-    if injected.pci_addresses:
-        return set(injected.pci_addresses)
+    if pci := injected_pci(injected):
+        return pci
     wanted = set(injected.rdma_devices or ())
     return {d.pci_address for d in devices if d.name in wanted and d.pci_address}
 

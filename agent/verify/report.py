@@ -66,6 +66,12 @@ def render(result: ValidationResult, out: Console) -> None:
         netdevs = ",".join(inj.netdevs or ()) or "-"
         state = "match" if inj.matches else "DO NOT match"
         out.out(f"injected: devices={devices} pci={pci} {state} (host netdevs {netdevs})")
+    for e in inj.sriov:
+        kind = {True: "RDMA", False: "no RDMA", None: "RDMA unknown"}[e.rdma]
+        rdma = f" {','.join(e.rdma_devices)}" if e.rdma_devices else ""
+        out.out(
+            f"SR-IOV device plugin: {e.variable}={','.join(e.device_ids) or '-'} ({kind}{rdma})"
+        )
     out.out(f"verbs: {ev.verbs.detail}")
     if result.pair_test is not None:
         _render_pair(result.pair_test, out)

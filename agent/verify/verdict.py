@@ -12,7 +12,7 @@ import posixpath
 from collections.abc import Iterable, Mapping
 
 from agent.deviceplugin.plan import ENV_NETDEVS, ENV_PCI_ADDRESSES, ENV_RDMA_DEVICES
-from agent.verify import identify
+from agent.verify import identify, sriovenv
 from proto.messages.validation import (
     DeviceEvidence,
     Evidence,
@@ -104,9 +104,17 @@ def injected_evidence(
     functions = {d.pci_address for d in devices if d.pci_address}
     missing_devices = tuple(d for d in rdma or () if d not in names)
     missing_pci = tuple(a for a in pci or () if a not in functions)
+    # The SR-IOV network device plugin's PCIDEVICE_<RESOURCE>: its RDMA allocations are
+    # adapters the pod was given too (a netdevice-only pool's are not RDMA at all).
+    sriov = sriovenv.sriov_evidence(environ, devices)
+    sriov_rdma = [e for e in sriov if e.rdma is not False and e.pci_addresses]
     matches = None
-    if rdma is not None or pci is not None or netdevs is not None:
-        matches = not missing_devices and not missing_pci
+    if rdma is not None or pci is not None or netdevs is not None or sriov_rdma:
+        matches = (
+            not missing_devices
+            and not missing_pci
+            and not any(e.missing_pci_addresses for e in sriov)
+        )
     return InjectedEvidence(
         rdma_devices=rdma,
         netdevs=netdevs,
@@ -114,6 +122,7 @@ def injected_evidence(
         matches=matches,
         pci_addresses=pci,
         missing_pci_addresses=missing_pci,
+        sriov=sriov,
     )
 
 
@@ -128,8 +137,8 @@ def target_devices(evidence: Evidence) -> tuple[str, ...]:
     injected = evidence.injected
     if injected.rdma_devices is not None:
         return injected.rdma_devices
-    if injected.pci_addresses:
-        wanted = set(injected.pci_addresses)
+    wanted = identify.injected_pci(injected)
+    if wanted:
         return tuple(d.name for d in evidence.devices if d.pci_address in wanted)
     present = {c.path for c in evidence.char_devices if _is_uverbs(c.path)}
     return tuple(d.name for d in evidence.devices if any(c in present for c in d.char_devices))
@@ -209,6 +218,14 @@ def _injection_reasons(injected: InjectedEvidence) -> Iterable[Reason]:
             message=f"{ENV_PCI_ADDRESSES} names {address}, and no RDMA device the pod can "
             "see is that PCI function",
         )
+    for entry in injected.sriov:
+        for address in entry.missing_pci_addresses:
+            yield Reason(
+                code="injected-pci-not-visible",
+                missing=f"RDMA device at PCI {address}",
+                message=f"{entry.variable} (the SR-IOV device plugin's) names {address}, and "
+                "no RDMA device the pod can see is that PCI function",
+            )
 
 
 def _device_reasons(

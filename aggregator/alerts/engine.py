@@ -23,18 +23,21 @@ from aggregator.alerts.alertmanager import AlertmanagerSink
 from aggregator.alerts.delivery import Broker, publish_alert
 from aggregator.alerts.lifecycle import (
     FLEET_NODE,
+    OPEN,
     LifecycleSettings,
     RuleTiming,
     Step,
     Stepper,
     Tracked,
+    holding,
 )
 from aggregator.alerts.metrics import AlertMetrics
 from aggregator.alerts.store import AlertStore
 from aggregator.cluster import ClusterView
 from aggregator.errors import StoreError
 from aggregator.fleet.changefeed import Subscription
-from aggregator.fleet.state import Fleet
+from aggregator.fleet.state import Fleet, NodeRecord
+from aggregator.rules.engine.registry import FLEET_RULES, cannot_judge
 from aggregator.rules.finding import Finding
 from proto.messages.alerts import Alert
 from proto.policy import Policy
@@ -51,6 +54,9 @@ Timings = Callable[[tuple[Policy, ...]], Mapping[str, RuleTiming]]
 # Node -> when this process could first have heard it, for the nodes it loaded from KV
 # (aggregator.rules.descriptor.RuleInput.heard_since); replaced, never mutated.
 HeardSince = Callable[[], Mapping[str, float]]
+# (fleet view, rule, node, subject, evidence) -> why the rule cannot judge that open alert's
+# subject now, or None (aggregator.rules.engine.registry.cannot_judge).
+CannotJudge = Callable[[Mapping[str, NodeRecord], str, str, str, Mapping[str, str]], str | None]
 EventType = Literal["Normal", "Warning"]
 
 
@@ -85,7 +91,9 @@ class EngineSettings:
     # After a start, alerts of nodes without a fresh snapshot are not resolved for this
     # long (the fleet rebuilt from KV may be older than what the alerts were raised on).
     # Those of a node loaded from KV and not heard from at all since are held longer:
-    # until it is heard (`heard_since`).
+    # until it is heard (`heard_since`). Fleet-level findings (peer rules: majorities,
+    # versions seen) do not fire within it either: they are judged on the part of the
+    # fleet heard so far, and a majority of the first nodes to report is no fact.
     startup_grace_s: float = 30.0
 
 
@@ -119,6 +127,7 @@ class AlertEngine:
         clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
         heard_since: HeardSince = dict,
+        judge_gone: CannotJudge = cannot_judge,
     ) -> None:
         # Every replica evaluates and serves findings; only the leader runs the alert
         # lifecycle: notifies (NATS, SSE, Alertmanager, Events) and persists.
@@ -139,6 +148,7 @@ class AlertEngine:
         self._timings = timings
         self._clock = clock
         self._heard_since = heard_since
+        self._judge_gone = judge_gone
         # Nodes of `_heard_from` (that mapping) not heard from yet: only ever shrinks.
         self._heard_from: Mapping[str, float] | None = None
         self._unheard: set[str] = set()
@@ -153,10 +163,11 @@ class AlertEngine:
     def load(self, states: dict[str, Tracked]) -> None:
         """Start from persisted states: firing alerts stay firing and are not re-sent."""
         self.states = dict(states)
-        self.metrics.firing.set(sum(1 for s in states.values() if s.phase == "firing"))
+        self.metrics.firing.set(sum(1 for s in states.values() if s.phase in OPEN))
 
     def firing(self) -> list[Alert]:
-        return [s.alert for s in self.states.values() if s.phase == "firing"]
+        """Open alerts: firing, and unknown (its rule cannot judge: not resolved either)."""
+        return [s.alert for s in self.states.values() if s.phase in OPEN]
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -235,10 +246,18 @@ class AlertEngine:
         lifecycle = self.settings.lifecycle
         if self._timings is not None:
             lifecycle = replace(lifecycle, timings=self._timings(policies))
-        result = self._stepper.step(self.states, findings, now, lifecycle, held=self._held(now))
+        lifecycle = self._while_starting(lifecycle, now)
+        view = self.fleet.view()
+
+        def unjudged(alert: Alert) -> str | None:
+            return self._judge_gone(view, alert.rule, alert.node, alert.subject, alert.evidence)
+
+        result = self._stepper.step(
+            self.states, findings, now, lifecycle, held=self._held(now), unjudged=unjudged
+        )
         old = self.states
         self.states = result.states
-        self.metrics.firing.set(sum(1 for s in result.states.values() if s.phase == "firing"))
+        self.metrics.firing.set(sum(1 for s in result.states.values() if s.phase in OPEN))
         await self._deliver(result.transitions)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
         if self._store is not None:
@@ -267,6 +286,15 @@ class AlertEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         return None if task.cancelled() else task.result()
+
+    def _while_starting(self, lifecycle: LifecycleSettings, now: float) -> LifecycleSettings:
+        """Within the startup grace, fleet-level rules' `for` lasts at least until it
+        ends: a finding that holds fires then, one of a partial fleet is never sent."""
+        started = self._started_at
+        if started is None or now - started >= self.settings.startup_grace_s:
+            return lifecycle
+        # `for` counts from when a finding appeared, never before the start.
+        return holding(lifecycle, FLEET_RULES, self.settings.startup_grace_s)
 
     def _held(self, now: float) -> frozenset[str]:
         unheard = self._not_heard_yet()

@@ -3,6 +3,9 @@
 Pure: no I/O, no clock (`now` is passed in), no logging. One `Tracked` per fingerprint
 (rule, node, subject) goes pending → firing (after the rule's `for`) → resolved (after
 the finding has been absent for the rule's `clear`); flapping alerts are held firing.
+A firing alert whose finding is absent because its rule can no longer judge the subject
+(`Unjudged` names why: its input went away) is unknown, not resolved: still open, not
+notified, `evidence.unknown` the reason; it resolves only once the rule judges again.
 """
 
 from __future__ import annotations
@@ -18,10 +21,22 @@ import msgspec
 from aggregator.rules.finding import Finding
 from proto.messages.alerts import Alert
 
-Phase = Literal["pending", "firing", "resolved"]
+Phase = Literal["pending", "firing", "unknown", "resolved"]
+OPEN: Final[frozenset[str]] = frozenset({"firing", "unknown"})  # notified, not resolved
 # Alerts about the fleet as a whole (no node) carry this in `node` and in the subject.
 FLEET_NODE: Final = "_fleet"
 FLAPPING_KEY: Final = "flapping"
+UNKNOWN_KEY: Final = "unknown"  # evidence of an unknown alert: why it cannot be judged
+# Why the rule of an open alert whose finding is absent cannot judge its subject now (its
+# input went away), or None: the absence is a real "no longer found".
+Unjudged = Callable[[Alert], str | None]
+
+
+def judged(alert: Alert) -> None:
+    """The default `Unjudged`: every absence is a verdict."""
+    return None
+
+
 _SEVERITY_RANK: Final = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -41,6 +56,19 @@ class LifecycleSettings:
 
     def timing(self, rule: str) -> RuleTiming:
         return self.timings.get(rule, self.default)
+
+
+def holding(settings: LifecycleSettings, rules: Iterable[str], until_s: float) -> LifecycleSettings:
+    """`settings` with the `for` of `rules` lasting at least `until_s` (a finding pending
+    since the hold began fires when it ends, if it still holds; one gone is never sent)."""
+    timings = dict(settings.timings)
+    for rule in rules:
+        timing = settings.timing(rule)
+        timings[rule] = RuleTiming(for_s=max(timing.for_s, until_s), clear_s=timing.clear_s)
+    return LifecycleSettings(
+        timings=timings, default=settings.default, flap_count=settings.flap_count,
+        flap_window_s=settings.flap_window_s, resolved_retention_s=settings.resolved_retention_s,
+    )  # fmt: skip
 
 
 class Tracked(
@@ -105,14 +133,17 @@ def step(
     settings: LifecycleSettings,
     *,
     held: frozenset[str] = frozenset(),
+    unjudged: Unjudged = judged,
 ) -> Step:
     """Advance every alert to `now` given the findings present now.
 
     Alerts on `held` nodes (not heard from since a restart) keep their state while their
-    finding is absent: absence of evidence from stale data is not a resolve.
+    finding is absent: absence of evidence from stale data is not a resolve. An open
+    alert whose finding is absent and that `unjudged` gives a reason for becomes unknown.
     """
     present = _by_key(findings, lambda f: fingerprint(f.rule, f.node, f.subject))
-    return _advance(states, present, sorted(set(states) | set(present)), {}, now, settings, held)
+    todo = sorted(set(states) | set(present))
+    return _advance(states, present, todo, {}, now, settings, held, unjudged)
 
 
 class Stepper:
@@ -134,6 +165,7 @@ class Stepper:
         settings: LifecycleSettings,
         *,
         held: frozenset[str] = frozenset(),
+        unjudged: Unjudged = judged,
     ) -> Step:
         known, keys = self._keys, {}
 
@@ -164,7 +196,7 @@ class Stepper:
                 k for k in states.keys() - present.keys() if not _resting(states[k], now, settings)
             )
             result = dict(states)
-        done = _advance(states, present, todo, result, now, settings, held)
+        done = _advance(states, present, todo, result, now, settings, held, unjudged)
         self._last = (done.states, present)
         return done
 
@@ -188,6 +220,7 @@ def _advance(
     now: float,
     settings: LifecycleSettings,
     held: frozenset[str],
+    unjudged: Unjudged,
 ) -> Step:
     """Advance the states of `todo` into `result` (which holds the others already)."""
     transitions: list[Alert] = []
@@ -203,7 +236,7 @@ def _advance(
         elif old is not None and old.alert.node in held:
             new, emitted = old, None
         elif old is not None:
-            new, emitted = _absent(old, now, settings)
+            new, emitted = _absent(old, now, settings, unjudged)
         else:
             continue
         if emitted is not None:
@@ -244,9 +277,9 @@ def _present(
     old: Tracked | None, finding: Finding, now: float, settings: LifecycleSettings
 ) -> tuple[Tracked, Alert | None]:
     timing = settings.timing(finding.rule)
-    if old is not None and old.phase == "firing":
+    if old is not None and old.phase in OPEN:  # unknown and found again: firing on
         alert = alert_of(finding, old.alert.starts_at, flapping=old.flapping)
-        new = msgspec.structs.replace(old, alert=alert, absent_since=None)
+        new = msgspec.structs.replace(old, phase="firing", alert=alert, absent_since=None)
         # A severity change is news (it moves to another subject); evidence updates are not.
         emitted = alert if alert.severity != old.alert.severity else None
         return new, emitted
@@ -273,8 +306,16 @@ def _present(
 
 
 def _absent(
-    old: Tracked, now: float, settings: LifecycleSettings
+    old: Tracked, now: float, settings: LifecycleSettings, unjudged: Unjudged = judged
 ) -> tuple[Tracked | None, Alert | None]:
+    if old.phase in OPEN:
+        reason = unjudged(old.alert)
+        if reason is not None:
+            return _unknown(old, reason), None
+        if old.phase == "unknown":  # judged again and not found: resolving starts now
+            evidence = {k: v for k, v in old.alert.evidence.items() if k != UNKNOWN_KEY}
+            alert = msgspec.structs.replace(old.alert, evidence=evidence)
+            old = msgspec.structs.replace(old, phase="firing", alert=alert, absent_since=None)
     fired_at = _recent(old.fired_at, now, settings.flap_window_s)
     if old.phase == "pending":
         if old.alert.state == "resolved":  # an earlier episode is still listed
@@ -300,8 +341,19 @@ def _absent(
     )
 
 
+def _unknown(old: Tracked, reason: str) -> Tracked:
+    """`old` (open) while its rule cannot judge: the last finding's view, the reason in
+    its evidence; no resolve clock runs (absence of a verdict is not a resolve)."""
+    if old.phase == "unknown" and old.alert.evidence.get(UNKNOWN_KEY) == reason:
+        return old
+    evidence = {**old.alert.evidence, UNKNOWN_KEY: reason}
+    alert = msgspec.structs.replace(old.alert, evidence=evidence)
+    return msgspec.structs.replace(old, phase="unknown", alert=alert, absent_since=None)
+
+
 def firing(states: Mapping[str, Tracked]) -> list[Alert]:
-    return [s.alert for s in states.values() if s.phase == "firing"]
+    """Open alerts (firing or unknown): what receivers hold as firing."""
+    return [s.alert for s in states.values() if s.phase in OPEN]
 
 
 def listed(states: Mapping[str, Tracked]) -> list[Alert]:

@@ -37,6 +37,7 @@ OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 METRICS_PATH: Final = "/metrics"
 # The status page's static files (aggregator.api.statuspage) hold no data: open, one level deep.
 UI_PATH: Final = "/ui"
+ROOT_PATH: Final = "/"  # redirects to the page: no data either
 # Methods a read token may use; every other method needs an admin token.
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 REALM: Final = 'Bearer realm="nicfleet"'
@@ -87,9 +88,12 @@ class ApiAuth:
 
 
 def is_ui_path(path: str) -> bool:
-    """`/ui`, `/ui/` or `/ui/<name>`: the status page's files (the page asks for a token)."""
+    """`/`, `/ui`, `/ui/` or `/ui/<name>`: the status page's redirects and files (the page
+    asks for a token)."""
     prefix = UI_PATH + "/"
-    return path == UI_PATH or (path.startswith(prefix) and "/" not in path[len(prefix) :])
+    return path in (ROOT_PATH, UI_PATH) or (
+        path.startswith(prefix) and "/" not in path[len(prefix) :]
+    )
 
 
 def parse_token_file(text: str, *, source: str, metrics_public: bool = False) -> ApiAuth:

@@ -22,7 +22,7 @@ from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.cluster import ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.trace.chain import UnknownNode, UnknownResource, trace
-from aggregator.trace.pod import UnknownPod, trace_pod
+from aggregator.trace.pod import UnknownPod, pod_node, trace_pod
 from aggregator.trace.resources import summarize_resources
 from proto.http import ResourceSummary, ValidationRecord
 from proto.policy import Policy
@@ -31,6 +31,10 @@ from proto.subjects import InvalidNodeName, validate_node_name
 RESOURCE_PARAMS: Final = ("node", "name")
 TRACE_PARAMS: Final = ("node", "resource")
 POD_TRACE_PATH: Final = "/api/v1/trace/pods/{namespace}/{name}"
+# (namespace, name) -> the node the pod is bound to: a sharded replica forwards a pod's trace
+# to the holder of that node (aggregator.api.shards), since only it has the node's record.
+PodNode = Callable[[str, str], str | None]
+POD_NODE: Final[web.AppKey[PodNode]] = web.AppKey("pod-node")
 # A namespace is a DNS label, a pod name a DNS subdomain (what the API server allows).
 _DNS_LABEL = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAMESPACE = re.compile(_DNS_LABEL)
@@ -134,6 +138,7 @@ def add_chain_routes(
     app.router.add_get("/api/v1/resources", list_resources)
     app.router.add_get("/api/v1/trace", get_trace)
     app.router.add_get(POD_TRACE_PATH, get_pod_trace)
+    app[POD_NODE] = lambda namespace, name: pod_node(cluster(), namespace, name)
 
 
 def _checked_query(

@@ -198,7 +198,8 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
             "200": json_response("The pod's trace.", ref("PodTrace")),
             "400": error_response("A query parameter (none is known), or a bad name."),
             "404": error_response(
-                "No pod of that name requests an RDMA resource (or no cluster); "
+                "No pod of that name attaches a network or requests a device-plugin "
+                "resource (or no cluster); "
                 "`suggestions` holds close NAMESPACE/NAME."
             ),
         },

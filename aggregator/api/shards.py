@@ -1,7 +1,9 @@
 """A sharded replica's HTTP extras (docs/scaling.md, "API"): `GET /api/v1/shards` (the shard
 map as this replica sees it) and forwarding of node requests (`/api/v1/nodes/{node}`,
-`/api/v1/trace?node=`, `/api/v1/resources?node=`) to the replica holding that node: its
-URL is in the holder's heartbeat. A forwarded request is never forwarded again.
+`/api/v1/trace?node=`, `/api/v1/resources?node=`, and a pod's trace,
+`/api/v1/trace/pods/{namespace}/{name}`, by the node the pod is bound to) to the replica
+holding that node: its URL is in the holder's heartbeat. A forwarded request is never
+forwarded again.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
+from aggregator.api.chain import POD_NODE
 from aggregator.api.errors import error_response
 from aggregator.api.openapiops import SHARD_PATH
 from aggregator.fleet.state import Fleet
@@ -23,6 +26,7 @@ FORWARDED_BY: Final = "X-Nicfleet-Forwarded-By"  # set on a forwarded request
 SERVED_BY: Final = "X-Nicfleet-Served-By"  # the replica that answered
 _NODE_PREFIX: Final = "/api/v1/nodes/"
 _NODE_QUERY_PATHS: Final = ("/api/v1/trace", "/api/v1/resources")
+_POD_TRACE_PREFIX: Final = "/api/v1/trace/pods/"
 _PASSED_HEADERS: Final = ("Authorization", "Accept")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -36,6 +40,11 @@ def node_of(request: web.Request) -> str | None:
         return path[len(_NODE_PREFIX) :] or None
     if path in _NODE_QUERY_PATHS:
         return request.query.get("node") or None
+    if path.startswith(_POD_TRACE_PREFIX) and POD_NODE in request.app:
+        # Every replica lists every pod; only the node's holder has the node's record.
+        namespace, _, name = path[len(_POD_TRACE_PREFIX) :].partition("/")
+        if namespace and name and "/" not in name:
+            return request.app[POD_NODE](namespace, name)
     return None
 
 

@@ -1,4 +1,5 @@
-"""The status page: the static files of `aggregator/api/ui/` served at `/ui/` (no build step).
+"""The status page: the static files of `aggregator/api/ui/` served at `/ui/` (no build step),
+and `/` redirecting there, so the API's bare address in a browser opens the page.
 
 The files are read from the package once, when the routes are added; a request picks one
 by name from that table, never from a filesystem path. The page holds no data — it reads
@@ -15,7 +16,7 @@ from typing import Final
 
 from aiohttp import web
 
-from aggregator.api.auth import UI_PATH
+from aggregator.api.auth import ROOT_PATH, UI_PATH
 
 INDEX: Final = "index.html"
 CONTENT_TYPES: Final[Mapping[str, str]] = {
@@ -57,7 +58,7 @@ def load_files(package: str = "aggregator.api", folder: str = "ui") -> dict[str,
 
 
 def add_ui_routes(app: web.Application, files: Mapping[str, StaticFile] | None = None) -> None:
-    """`/ui` (redirects to `/ui/`), `/ui/` (the page) and `/ui/{file}`."""
+    """`/` and `/ui` (redirect to `/ui/`), `/ui/` (the page) and `/ui/{file}`."""
     table = dict(files) if files is not None else load_files()
 
     def respond(name: str) -> web.Response:
@@ -77,6 +78,7 @@ def add_ui_routes(app: web.Application, files: Mapping[str, StaticFile] | None =
     async def static(request: web.Request) -> web.Response:
         return respond(request.match_info["file"])
 
+    app.router.add_get(ROOT_PATH, redirect)
     app.router.add_get(UI_PATH, redirect)
     app.router.add_get(UI_PATH + "/", index)
     app.router.add_get(UI_PATH + "/{file}", static)

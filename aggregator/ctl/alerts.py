@@ -31,14 +31,21 @@ from aggregator.ctl.client import (
     auth_headers,
     fail_if_partial,
 )
-from aggregator.ctl.render import console_for
+from aggregator.ctl.render import (
+    FLEET_NODE,
+    console_for,
+    plain_table,
+    render_findings,
+    text_of,
+)
 from aggregator.rules.catalog import SEVERITY_ORDER
 from proto.runtime.cliopts import output_option
 
 EPILOG: Final = """\b
 Exit codes:
   0  success (for --follow: also when stopped with Ctrl-C)
-  1  the aggregator answered with an error
+  1  the aggregator answered with an error, or --node/--rule names a node or rule it
+     does not know (the message lists close matches)
   2  usage error or bad input (invalid option value)
   3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
 SEVERITIES: Final = ("critical", "warning", "info")
@@ -105,20 +112,7 @@ def _print_findings(items: list[dict[str, Any]], output: str) -> None:
     if not items:
         click.echo("No findings.", err=True)
         return
-    columns = ["SEVERITY", "RULE", "NODE", "SUBJECT", "MESSAGE"]
-    table = _table([*columns, "EVIDENCE"] if output == "wide" else columns)
-    for f in items:
-        row: list[str | Text] = [
-            _styled(f.get("severity")),
-            str(f.get("rule")),
-            str(f.get("node") or "_fleet"),
-            str(f.get("subject")),
-            str(f.get("message")),
-        ]
-        if output == "wide":
-            row.append(_evidence(f.get("evidence")))
-        table.add_row(*row)
-    _console().print(table)
+    render_findings(_console(), items, wide=output == "wide")
 
 
 @click.command(epilog=EPILOG)
@@ -171,14 +165,14 @@ def _print_alerts(items: list[dict[str, Any]], output: str) -> None:
         row: list[str | Text] = [
             _styled(a.get("state")),
             _styled(a.get("severity")),
-            str(a.get("rule")),
-            str(a.get("node")),
-            str(a.get("subject")),
+            text_of(a.get("rule")),
+            text_of(a.get("node"), FLEET_NODE),
+            text_of(a.get("subject")),
             _when(a.get("starts_at")),
-            str(a.get("message")),
+            text_of(a.get("message")),
         ]
         if output == "wide":
-            row += [_when(a.get("ends_at")), str(a.get("fingerprint"))]
+            row += [_when(a.get("ends_at")), text_of(a.get("fingerprint"))]
         table.add_row(*row)
     _console().print(table)
 
@@ -186,6 +180,7 @@ def _print_alerts(items: list[dict[str, Any]], output: str) -> None:
 def _follow(server: str, params: dict[str, str], output: str) -> None:
     last_id: str | None = None
     connected_once = False
+    lines = _FollowLines(output)
     with httpx.Client(base_url=server.rstrip("/"), timeout=httpx.Timeout(10, read=None)) as http:
         while True:
             headers = {"Accept": "text/event-stream", **auth_headers()}
@@ -200,7 +195,7 @@ def _follow(server: str, params: dict[str, str], output: str) -> None:
                     connected_once = True
                     for event in _events(response.iter_lines()):
                         last_id = event.get("id", last_id)
-                        _show(event, output)
+                        lines.show(event)
             except (httpx.ConnectError, httpx.TimeoutException) as exc:
                 if not connected_once:
                     raise Unreachable(
@@ -243,28 +238,69 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, str]]:
             event[key] = event[key] + "\n" + value if key == "data" and key in event else value
 
 
-def _show(event: dict[str, str], output: str) -> None:
-    data = json.loads(event["data"])
-    if event.get("event") == "resync":
-        for alert in data.get("alerts", []):
-            _line(alert, output, prefix="current")
-        return
-    _line(data, output)
+FOLLOW_COLUMNS: Final = ("TIME", "STATE", "SEVERITY", "RULE", "NODE", "SUBJECT", "MESSAGE")
 
 
-def _line(alert: Mapping[str, Any], output: str, prefix: str = "") -> None:
-    if output == "json":
-        click.echo(json.dumps(alert, sort_keys=True), nl=True)
-        return
-    stamp = _when(
-        alert.get("ends_at") if alert.get("state") == "resolved" else alert.get("starts_at")
-    )
-    text = Text(f"{stamp}  ")
-    text.append_text(_styled(prefix or alert.get("state")))
-    text.append(f"  {alert.get('severity')}  {alert.get('rule')}  {alert.get('node')}  ")
-    text.append(f"{alert.get('subject')}  {alert.get('message')}")
-    _console().print(text)
-    sys.stdout.flush()
+class _FollowLines:
+    """`alerts --follow` as a table that grows a line at a time: a header first, columns
+    as wide as the header and the values seen so far (the first batch is the currently
+    firing alerts), as `kubectl get --watch` does; a longer value widens later lines."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self.widths = {c: len(c) for c in FOLLOW_COLUMNS[:-1]}
+        self.widths["TIME"] = len("2006-01-02T15:04:05Z")
+        self.widths["STATE"] = len("resolved")
+        self.widths["SEVERITY"] = len("critical")
+        self.header_shown = False
+
+    def show(self, event: dict[str, str]) -> None:
+        data = json.loads(event["data"])
+        if event.get("event") == "resync":
+            alerts = [a for a in data.get("alerts", []) if isinstance(a, dict)]
+            self._widen(alerts)
+            for alert in alerts:
+                self.line(alert, prefix="current")
+        else:
+            self.line(data)
+        sys.stdout.flush()
+
+    def _widen(self, alerts: list[dict[str, Any]]) -> None:
+        for alert in alerts:
+            for column, value in zip(FOLLOW_COLUMNS[:-1], self._cells(alert, ""), strict=False):
+                self.widths[column] = max(self.widths[column], len(value))
+
+    def _cells(self, alert: Mapping[str, Any], prefix: str) -> list[str]:
+        ended = alert.get("state") == "resolved"
+        return [
+            _when(alert.get("ends_at") if ended else alert.get("starts_at")),
+            prefix or text_of(alert.get("state")),
+            text_of(alert.get("severity")),
+            text_of(alert.get("rule")),
+            text_of(alert.get("node"), FLEET_NODE),
+            text_of(alert.get("subject")),
+            text_of(alert.get("message")),
+        ]
+
+    def line(self, alert: Mapping[str, Any], prefix: str = "") -> None:
+        if self.output == "json":
+            click.echo(json.dumps(alert, sort_keys=True))
+            return
+        console = _console()
+        if not self.header_shown:
+            console.print(self._row(list(FOLLOW_COLUMNS), header=True))
+            self.header_shown = True
+        self._widen([dict(alert)])
+        console.print(self._row(self._cells(alert, prefix)))
+
+    def _row(self, cells: list[str], *, header: bool = False) -> Text:
+        text = Text()
+        for column, value in zip(FOLLOW_COLUMNS, cells, strict=True):
+            style = "bold" if header else _STYLE.get(value, "")
+            text.append(value, style=style)
+            if column != FOLLOW_COLUMNS[-1]:
+                text.append(" " * (self.widths[column] - len(value) + 2))
+        return text
 
 
 def _items(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -275,21 +311,12 @@ def _items(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _table(columns: list[str]) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in columns:
-        table.add_column(column, no_wrap=column not in ("MESSAGE", "EVIDENCE"))
-    return table
+    return plain_table(columns, wrap=("MESSAGE",))
 
 
 def _styled(value: object) -> Text:
-    text = str(value) if value is not None else NONE
+    text = text_of(value)
     return Text(text, style=_STYLE.get(text, ""))
-
-
-def _evidence(value: object) -> str:
-    if not isinstance(value, dict) or not value:
-        return NONE
-    return " ".join(f"{k}={v}" for k, v in sorted(value.items()))
 
 
 def _when(value: object) -> str:

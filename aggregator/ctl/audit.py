@@ -21,10 +21,11 @@ import yaml
 from aggregator.ctl.check import CheckInputError, load_snapshots
 from aggregator.ctl.client import AggregatorClient, parse_detail
 from proto.inventory import NodeSnapshot
-from proto.nicclusterpolicy import AuditReport, PolicyAudit, audit
+from proto.nicclusterpolicy import AuditReport, PolicyAudit, audit, node_selector_of
 from proto.runtime.cliopts import output_option
 
 KINDS: Final = ("NicClusterPolicy", "NicNodePolicy")
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"  # on every Node: the kubelet sets it
 MAX_POLICY: Final = 4 * 1024 * 1024
 AUDIT_EPILOG: Final = """\b
 Exit codes:
@@ -34,7 +35,9 @@ Exit codes:
   2  usage error or bad input (unreadable policy or snapshot, no NicClusterPolicy in FILE)
 
 \b
-Without --snapshot the nodes come from the aggregator (--server)."""
+Without --snapshot the nodes come from the aggregator (--server), and a NicNodePolicy's
+nodeSelector picks its nodes by their labels; snapshot files carry no labels, so a node
+policy is then audited against every node given (the output says so)."""
 
 
 @click.group()
@@ -69,7 +72,8 @@ def nicclusterpolicy(server: str, path: Path, snapshots: tuple[Path, ...], outpu
     sriovDevicePlugin and the policy's status."""
     objs = load_policy_objects(path)
     snaps = load_snapshots(snapshots) if snapshots else live_snapshots(server)
-    report = audit(objs, {s.node: s for s in snaps})
+    selected = None if snapshots else live_selections(server, objs)
+    report = audit(objs, {s.node: s for s in snaps}, selected=selected)
     if output == "json":
         click.echo(json.dumps(msgspec.to_builtins(report), indent=2, sort_keys=True))
     else:
@@ -120,6 +124,31 @@ def live_snapshots(server: str) -> list[NodeSnapshot]:
         return snaps
 
 
+def live_selections(server: str, objs: list[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """NicNodePolicy name -> the live fleet's nodes its nodeSelector matches, by the API's
+    `label` filter (the aggregator reads the nodes' labels from the cluster); {} when the
+    aggregator knows no labels (no cluster: not one node has kubernetes.io/hostname)."""
+    found: dict[str, frozenset[str]] = {}
+    wanted = [o for o in objs if o.get("kind") == "NicNodePolicy" and node_selector_of(o)]
+    if not wanted:
+        return found
+    with AggregatorClient(server) as client:
+        labelled = client.get_fleet(
+            "/api/v1/nodes", {"label": HOSTNAME_LABEL}, key=lambda item: str(item.get("name"))
+        )
+        if not labelled["items"]:
+            return found
+        for obj in wanted:
+            selector = node_selector_of(obj)
+            query = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            body = client.get_fleet(
+                "/api/v1/nodes", {"label": query}, key=lambda item: str(item.get("name"))
+            )
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            found[name] = frozenset(str(item.get("name")) for item in body["items"])
+    return found
+
+
 def render_text(report: AuditReport) -> str:
     lines: list[str] = []
     for policy in report.policies:
@@ -147,7 +176,7 @@ def _policy_lines(policy: PolicyAudit) -> list[str]:
                 said += f" ({len(r.selected)} adapter{_s(r.selected)}: {shown})"
             lines.append(f"  {verdict.node}: {said}")
             if r.nicfleet is not None:
-                lines.append(f"    {r.nicfleet_why}")
+                lines.append(f"    {r.nicfleet_why or f'nicfleet would advertise {r.nicfleet}'}")
     for note in policy.notes:
         where = f" [{note.node}]" if note.node else ""
         lines.append(f"  {note.severity} {note.section}{where}: {note.path}: {note.message}")

@@ -2,8 +2,9 @@
 resources`: the chain trace (a node's, or one pod's own) and the per-resource view, from
 /api/v1/trace, /api/v1/trace/pods/NS/NAME and /api/v1/resources.
 
-HTTP goes through `client.AggregatorClient`; drawing is here (rich). `trace` exits 1 when
-a link of the chain is broken, so scripts can gate on it.
+HTTP goes through `client.AggregatorClient`; drawing is here (rich). The first line of
+`trace` is the API's verdict (ok / degraded / broken / unknown) and its reason; it exits 1
+when the verdict is broken, so scripts can gate on it.
 """
 
 from __future__ import annotations
@@ -28,15 +29,23 @@ from proto.subjects import InvalidNodeName, validate_node_name
 
 TRACE_EPILOG: Final = """\b
 Exit codes:
-  0  every link of the chain is ok (unknown links, e.g. without a cluster, do not count)
+  0  nothing is broken: the verdict (first line; -o json: "verdict") is ok, degraded
+     (fewer adapters, named) or unknown (some link not judged, e.g. without a cluster)
   1  a link is broken, or the aggregator answered with an error (unknown node/resource/pod)
   2  usage error or bad input (invalid node or resource name, option)
   3  the aggregator could not be reached (check --server / NICFLEET_SERVER)"""
 RESOURCES_EPILOG: Final = TRACE_EPILOG.replace(
-    "every link of the chain is ok (unknown links, e.g. without a cluster, do not count)",
+    'nothing is broken: the verdict (first line; -o json: "verdict") is ok, degraded\n'
+    "     (fewer adapters, named) or unknown (some link not judged, e.g. without a cluster)",
     "success",
 ).replace("a link is broken, or the", "the")
-_MARK: Final = {"ok": ("✔", "green"), "broken": ("✘", "red"), "unknown": ("?", "yellow")}
+_MARK: Final = {
+    "ok": ("✔", "green"),
+    "degraded": ("!", "dark_orange"),
+    "broken": ("✘", "red"),
+    "unknown": ("?", "yellow"),
+}
+_VERDICT_STYLE: Final = {"degraded": "bold dark_orange", "unknown": "yellow"}
 _RESOURCE: Final = re.compile(r"[^/\s]+/[^/\s]+")
 _POD: Final = re.compile(r"[a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9.]*")
 NONE: Final = "-"
@@ -93,7 +102,7 @@ def trace(
         _print_json(body)
     else:
         _render_trace(_console(), result, wide=output == "wide")
-    ctx.exit(0 if result.ok else 1)
+    ctx.exit(1 if result.verdict == "broken" else 0)
 
 
 def _trace_pod(ctx: click.Context, pod: str, output: str) -> None:
@@ -141,8 +150,11 @@ def resources(server: str, node: str | None, name: str | None, output: str) -> N
 
 
 def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
-    if result.ok:
+    if result.verdict == "ok":
         verdict = Text("chain ok", style="green")
+    elif result.verdict != "broken":
+        style = _VERDICT_STYLE.get(result.verdict, "yellow")
+        verdict = Text(f"{result.verdict}: {result.verdict_reason}", style=style)
     elif result.first_broken is None:
         verdict = Text("broken at the node's components", style="bold red")
     else:
@@ -162,9 +174,8 @@ def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
         if first:
             line.append("  <- first broken link", style="bold red")
         console.print(line)
-        if link.status == "broken":
-            console.print(Text(f"     cause: {link.cause}", style="bold red" if first else ""))
-            console.print(Text(f"     fix:   {link.fix}", style="bold" if first else ""))
+        if link.status in ("broken", "degraded"):
+            _print_cause(console, link, strong=first)
         if wide or (link.status != "ok" and link.evidence):
             console.print(Text(f"     evidence: {_evidence(link)}", style="dim"))
 
@@ -173,16 +184,23 @@ def _render_link(console: Console, link: Link, *, label: str, wide: bool) -> Non
     """A link outside the numbered chain (components, a pod's scheduling)."""
     mark, style = _MARK.get(link.status, ("?", "yellow"))
     console.print(Text.assemble((f" {mark} ", style), (f"{label} {link.status}", style)))
-    if link.status == "broken":
-        console.print(Text(f"     cause: {link.cause}", style="bold red"))
-        console.print(Text(f"     fix:   {link.fix}", style="bold"))
+    if link.status in ("broken", "degraded"):
+        _print_cause(console, link, strong=True)
     if wide or (link.status != "ok" and link.evidence):
         console.print(Text(f"     evidence: {_evidence(link)}", style="dim"))
 
 
+def _print_cause(console: Console, link: Link, *, strong: bool) -> None:
+    """Cause and fix of a broken or degraded link; a link without them says so (never None)."""
+    cause = link.cause or "no cause given"
+    fix = link.fix or "no fix known: see the evidence"
+    console.print(Text(f"     cause: {cause}", style="bold red" if strong else ""))
+    console.print(Text(f"     fix:   {fix}", style="bold" if strong else ""))
+
+
 def _render_pod_trace(console: Console, result: PodTrace, *, wide: bool) -> None:
     where = f"on {result.node}" if result.node is not None else "not scheduled"
-    requests = ", ".join(f"{r}={n}" for r, n in sorted(result.requests.items()))
+    requests = ", ".join(f"{r}={n}" for r, n in sorted(result.requests.items())) or "no resource"
     verdict = Text("ok", style="green") if result.ok else Text("broken", style="bold red")
     console.print(
         Text.assemble(
@@ -192,6 +210,10 @@ def _render_pod_trace(console: Console, result: PodTrace, *, wide: bool) -> None
         )
     )
     _render_link(console, result.scheduling, label="scheduling", wide=wide)
+    if result.no_chain:
+        console.print(Text(f" - no RDMA chain: {result.no_chain}", style="yellow"))
+    for resource, why in sorted(result.untraced.items()):
+        console.print(Text(f" - {resource} not traced: {why}", style="dim"))
     for item in result.traces:
         console.print()
         _render_trace(console, item, wide=wide)
@@ -251,7 +273,8 @@ def _print_config_notes(console: Console, items: tuple[ResourceSummary, ...]) ->
         for n in r.nodes:
             if n.config_error is not None or n.config_path is not None:
                 where = n.config_path or "the entry"
-                text = f"note: {r.name} on {n.node} is not served: {where}: {n.config_error}"
+                why = n.config_error or "no reason given"
+                text = f"note: {r.name} on {n.node} is not served: {where}: {why}"
                 console.print(Text(text, style="yellow"))
 
 

@@ -15,10 +15,8 @@ from typing import Final, Literal
 
 import click
 import msgspec
-from rich.table import Table
-from rich.text import Text
 
-from aggregator.ctl.render import console_for
+from aggregator.ctl.render import console_for, render_findings
 from aggregator.errors import AggregatorError
 from aggregator.rules.engine.registry import evaluate_snapshots
 from aggregator.rules.finding import Finding
@@ -38,7 +36,6 @@ Exit codes:
 \b
 Offline, `now` is the newest snapshot's collected_at and agent-stale is off (a file has
 no liveness); counter rules need live counter batches and do not fire here."""
-_SEVERITY_STYLE: Final = {"critical": "red", "warning": "yellow", "info": "cyan"}
 
 
 class CheckInputError(AggregatorError, click.ClickException):
@@ -98,23 +95,13 @@ def run_check(
     return evaluate_snapshots(snaps, policies, thresholds=offline)
 
 
-def render_findings(findings: list[Finding]) -> None:
-    console = console_for(sys.stdout, os.environ)
+def print_findings(findings: list[Finding], *, wide: bool = False) -> None:
+    """The table `nicfleetctl findings` prints, from offline findings."""
     if not findings:
-        console.print("No findings.")
+        click.echo("No findings.", err=True)
         return
-    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
-    for column in ("SEVERITY", "NODE", "RULE", "SUBJECT", "MESSAGE"):
-        table.add_column(column, overflow="fold")
-    for f in findings:
-        table.add_row(
-            Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")),
-            Text(f.node or "-"),
-            Text(f.rule),
-            Text(f.subject),
-            Text(f.message),
-        )
-    console.print(table)
+    items = msgspec.to_builtins(findings)
+    render_findings(console_for(sys.stdout, os.environ), items, wide=wide)
 
 
 @click.command(epilog=CHECK_EPILOG)
@@ -131,9 +118,11 @@ def render_findings(findings: list[Finding]) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="A NicFleetPolicy YAML file (one or more documents).",
 )
-@output_option("table", "json", help="Table, or a JSON list of findings.")
+@output_option(
+    "table", "wide", "json", help="Table, wide table (with evidence), or a JSON list of findings."
+)
 def check(
-    snapshots: tuple[Path, ...], policy: Path | None, output: Literal["table", "json"]
+    snapshots: tuple[Path, ...], policy: Path | None, output: Literal["table", "wide", "json"]
 ) -> None:
     """Evaluate every rule on snapshot files, without any server; exit 1 on a critical finding."""
     snaps = load_snapshots(snapshots)
@@ -142,6 +131,6 @@ def check(
     if output == "json":
         click.echo(json.dumps(msgspec.to_builtins(findings), indent=2, sort_keys=True))
     else:
-        render_findings(findings)
+        print_findings(findings, wide=output == "wide")
     if any(f.severity == "critical" for f in findings):
         sys.exit(1)

@@ -5,7 +5,8 @@ each carrying the process exit code:
 
 CtlError (aggregator.errors.AggregatorError, click.ClickException)
 ├── ApiError       the server answered with an error or an unreadable body  (exit 1)
-│   └── NodeNotFound  a node the aggregator does not know, with close matches
+│   ├── NodeNotFound  a node the aggregator does not know, with close matches
+│   └── names.UnknownName  a filter's node, rule or resource it does not know
 ├── BadInput       the request was rejected as invalid (HTTP 400)            (exit 2)
 ├── Unreachable    no answer: refused, DNS, timeout                          (exit 3)
 └── AuthRefused    the token was missing, unknown or lacks scope (401/403)   (exit 4)

@@ -15,6 +15,7 @@ from click.shell_completion import CompletionItem, get_completion_class
 
 from aggregator.ctl.client import AggregatorClient, CtlError, read_token_file
 from aggregator.ctl.config import CtlConfigError, settings_from
+from aggregator.ctl.globalopts import given
 
 SHELLS: Final = ("bash", "zsh", "fish")
 COMPLETE_VAR: Final = "_NICFLEETCTL_COMPLETE"
@@ -41,12 +42,12 @@ def complete_node_names(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     """Node names from GET /api/v1/nodes that start with `incomplete`."""
-    params = ctx.find_root().params
+    flags = given(ctx)  # global options before and after the command, as parsed so far
     try:
         settings = settings_from(
-            server_flag=params.get("server"),
-            token_flag=params.get("token_file"),
-            context=params.get("context_name"),
+            server_flag=flags.get("server"),
+            token_flag=flags.get("token_file"),
+            context=flags.get("context_name"),
             environ=os.environ,
         )
         token = read_token_file(settings.token_file) if settings.token_file else None

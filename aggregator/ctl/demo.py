@@ -1,6 +1,7 @@
 """`nicfleetctl demo`: a whole fleet on this machine — embedded NATS, the aggregator, lab
-kubelets and four lab agents with their device plugins, as separate processes — then a
-port-down fault, how fast it arrived and the resource chain it broke.
+kubelets, four lab agents with their device plugins and lab traffic on their ports, as
+separate processes — then a port-down fault, how fast it arrived and the resource chain it
+broke.
 
 Talks to the agent and aggregator only as a user would: their command lines and the
 HTTP API. Every process it starts is stopped (and waited for) before it returns.
@@ -44,6 +45,9 @@ from aggregator.ctl.demofleet import (
 from aggregator.ctl.render import console_for, render_node, render_nodes
 from proto.runtime.cliopts import output_option
 
+# The agents' default counter interval is 1 s; 10% of a 200G port is 2.5 GB/s each way.
+DEFAULT_TRAFFIC_LOAD = 0.1
+
 
 def _get(client: httpx.Client, path: str) -> Any:
     try:
@@ -53,7 +57,9 @@ def _get(client: httpx.Client, path: str) -> Any:
     return response.json() if response.status_code == 200 else None
 
 
-def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> dict[str, Any]:
+def run_demo(
+    workdir: Path, console: Console, *, serve: bool, quiet: bool, traffic_load: float = 0.0
+) -> dict[str, Any]:
     names = [n for n, _ in DEMO_NODES]
 
     # On a terminal a spinner shows the step in progress (start-up takes seconds).
@@ -68,7 +74,7 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
     with ExitStack() as stack:
         if spinner is not None:
             stack.enter_context(spinner)
-        fleet = stack.enter_context(running_fleet(workdir, status))
+        fleet = stack.enter_context(running_fleet(workdir, status, traffic_load=traffic_load))
         client = stack.enter_context(httpx.Client(base_url=fleet.api_url, timeout=5.0))
 
         def all_ready() -> list[dict[str, Any]] | None:
@@ -153,7 +159,13 @@ def run_demo(workdir: Path, console: Console, *, serve: bool, quiet: bool) -> di
             console.print(
                 f"\nFleet running. API: {fleet.api_url}   NATS: {fleet.nats_url}\n"
                 f"Status page: {fleet.api_url}/ui/\n"
-                f"Try: export NICFLEET_SERVER={fleet.api_url}\n"
+                + (
+                    f"Lab traffic: {traffic_load:.0%} of each active port's rate "
+                    "(rx/tx and sparklines on the status page)\n"
+                    if traffic_load > 0
+                    else ""
+                )
+                + f"Try: export NICFLEET_SERVER={fleet.api_url}\n"
                 f"     nicfleetctl nodes\n"
                 f"     nicfleetctl node {FAULT_NODE}\n"
                 f"     nicfleetctl findings --node {FAULT_NODE}\n"
@@ -224,11 +236,19 @@ def _wait_for_interrupt(fleet: Fleet) -> None:
 @output_option("table", "json", help="json: print only a JSON summary at the end.")
 @click.option("--serve", is_flag=True, help="Keep the fleet running until Ctrl-C.")
 @click.option(
+    "--traffic-load",
+    default=DEFAULT_TRAFFIC_LOAD,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Lab traffic on every active port, as a share of its rate (rates and sparklines "
+    "show it); 0: none.",
+)
+@click.option(
     "--workdir",
     type=click.Path(path_type=Path, file_okay=False),
     help="Where lab trees and logs go. Default: a temporary directory, removed.",
 )
-def demo(output: str, serve: bool, workdir: Path | None) -> None:
+def demo(output: str, serve: bool, traffic_load: float, workdir: Path | None) -> None:
     """Run a 4-node lab fleet locally, inject a port-down fault, report how fast it arrived."""
     console = console_for(sys.stdout)
     quiet = output == "json"
@@ -239,7 +259,7 @@ def demo(output: str, serve: bool, workdir: Path | None) -> None:
             )
         else:
             workdir.mkdir(parents=True, exist_ok=True)
-        summary = run_demo(workdir, console, serve=serve, quiet=quiet)
+        summary = run_demo(workdir, console, serve=serve, quiet=quiet, traffic_load=traffic_load)
     if quiet:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -65,13 +65,14 @@ def resources_view(resources: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def trace_view(trace: Mapping[str, Any]) -> dict[str, Any]:
-    """A trace as [link, status] pairs in chain order, the first broken link and its cause,
+    """A trace's verdict, [link, status] pairs in chain order, the first broken link and its cause,
     and the evidence of each unknown link (why it is unknown)."""
     links = trace["links"]
     first = trace.get("first_broken")
     broken = links[first] if first is not None else None
     return {
         "ok": trace["ok"],
+        "verdict": trace.get("verdict"),
         "links": [[link["name"], link["status"]] for link in links],
         "first_broken": broken["name"] if broken else None,
         "cause": broken.get("cause") if broken else None,

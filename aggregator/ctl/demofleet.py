@@ -1,11 +1,15 @@
 """The demo's processes: lab trees rendered, NATS keys made, the aggregator, the lab
-kubelets and the agents (with their device plugins) started as a user would start them,
-and every one of them stopped and waited for; the kubelet socket dir removed.
+kubelets, the agents (with their device plugins) and the lab traffic started as a user
+would start them, and every one of them stopped and waited for; the kubelet socket dir
+removed. Each child is also told to stop when the demo dies without stopping it (SIGKILL):
+Linux's parent-death signal, so no agent or aggregator outlives a killed demo.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -33,8 +37,34 @@ DEMO_NODES: tuple[tuple[str, str], ...] = (
 )
 FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-01", "mlx5_3", 1
 KUBELET_STATE = "lab-kubelet.json"  # what `nicfleet-agent lab kubelet` writes per dir
+# Ports, counters and devices reach an agent at once (its 100 ms poll, 1 s counters); a
+# PCIe width or ACS change only at its next inventory, every 300 s by default: the demo's
+# agents re-read every 10 s so `lab fault pcie-width` shows while one watches (~30 ms each).
+INVENTORY_INTERVAL_S = 10
 
 T = TypeVar("T")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_this_process() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies, however it
+    dies (None off Linux). SIGTERM, not SIGKILL: the aggregator then stops its embedded
+    nats-server and the agents remove their sockets, as on Ctrl-C. The signal follows the
+    thread that forked, so spawn from the thread that lives as long as the demo."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Resolved here, not in the child: between fork and exec only async-signal-safe work
+    # belongs there (the demo runs a spinner thread), and prctl through a bound function
+    # pointer is one syscall.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the demo died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 class DemoError(AggregatorError, click.ClickException):
@@ -65,6 +95,7 @@ class Fleet:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop them
+            preexec_fn=die_with_this_process(),
         )
         log.close()
         self.procs.append((name, proc))
@@ -113,7 +144,11 @@ def wait_for(what: str, probe: Callable[[], T | None], fleet: Fleet, timeout: fl
 
 
 @contextmanager
-def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Fleet]:
+def running_fleet(
+    workdir: Path, status: Callable[[str], None], *, traffic_load: float = 0.0
+) -> Iterator[Fleet]:
+    """The whole fleet, up; `traffic_load` > 0 also runs `lab traffic` on every node
+    (that share of each ACTIVE port's rate, in and out)."""
     fleet = Fleet(workdir=workdir)
     try:
         for node, spec in DEMO_NODES:
@@ -161,10 +196,16 @@ def running_fleet(workdir: Path, status: Callable[[str], None]) -> Iterator[Flee
                                           keys["agent_seeds"][node],
                                           "--device-plugin-config", str(config),
                                           "--no-desired-config", "--registration-mode", "legacy",
+                                          "--inventory-interval", str(INVENTORY_INTERVAL_S),
                                           "--device-plugin-dir", str(fleet.kubelet_dir(node)),
                                           "--plugins-registry-dir",
                                           str(fleet.kubelet_dir(node) / "plugins_registry"),
                                           ])  # fmt: skip
+        if traffic_load > 0:
+            status(f"starting lab traffic ({traffic_load:.0%} of each active port's rate)")
+            roots = [arg for node, _ in DEMO_NODES for arg in ("--root", str(workdir / node))]
+            fleet.spawn("traffic", ["-m", "agent", "lab", "traffic", *roots,
+                                    "--load", str(traffic_load)])  # fmt: skip
         yield fleet
     finally:
         status("stopping all processes")

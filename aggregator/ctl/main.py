@@ -1,8 +1,9 @@
 """`nicfleetctl`: the operator CLI; it talks only to the aggregator's HTTP API.
 
-Owns the command tree, where the server and token come from (flag > env > context file >
-default, see `config`), output selection and exit codes; HTTP lives in `client`, drawing
-in `render`/`topology`. Never reads NATS or KV directly.
+Owns the command tree, output selection and exit codes; the global options and where the
+server and token come from are `globalopts` (flag > env > context file > default, see
+`config`), typo-proof filters `names`, HTTP `client`, drawing `render`/`topology`. Never
+reads NATS or KV directly.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import Any, Final, Literal
 import click
 from rich.console import Console
 
+from aggregator.ctl import names
 from aggregator.ctl.client import (
-    DEFAULT_SERVER,
-    SETTINGS_META_KEY,
-    TOKEN_META_KEY,
     AggregatorClient,
     BadInput,
     CtlError,
@@ -27,11 +26,11 @@ from aggregator.ctl.client import (
     fail_if_partial,
     parse_detail,
     parse_summaries,
-    read_token_file,
 )
 from aggregator.ctl.completion import attach_node_completion, complete_node_names, completion
-from aggregator.ctl.config import is_server_url, settings_from
 from aggregator.ctl.contexts import config_group
+from aggregator.ctl.globalopts import add_global_options, group_options, leaves
+from aggregator.ctl.names import add_name_checks
 from aggregator.ctl.render import console_for, render_node, render_nodes
 from aggregator.ctl.topology import build_matrix, render_matrix, snapshot_of
 from aggregator.ctl.watch import add_watch, add_yaml
@@ -55,49 +54,19 @@ output_option = cliopts.output_option(
 )
 
 
-def _check_server(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not is_server_url(value):
-        raise click.BadParameter(f"{value!r} is not an http:// or https:// URL", ctx, param)
-    return value
-
-
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--server",
-    callback=_check_server,
-    help="Base URL of the nicfleet aggregator API. Else env NICFLEET_SERVER, else the "
-    f"current context's server, else {DEFAULT_SERVER}.",
-)
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    help="File holding the API bearer token (aggregator --api-token-file). Else env "
-    "NICFLEET_TOKEN_FILE, else the current context's token-file, else none.",
-)
-@click.option(
-    "--context",
-    "context_name",
-    metavar="NAME",
-    help="Use this context of the context file instead of its current-context "
-    "(file: $NICFLEET_CONFIG or ~/.config/nicfleet/config.yaml).",
+@click.group(
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=group_options(),
 )
 @click.version_option(package_name="nicfleet", prog_name="nicfleetctl")
-@click.pass_context
-def cli(
-    ctx: click.Context, server: str | None, token_file: str | None, context_name: str | None
-) -> None:
-    """Inspect the RDMA network path of a GPU fleet through the nicfleet aggregator."""
-    if ctx.invoked_subcommand in OFFLINE:
-        ctx.obj = server or DEFAULT_SERVER
-        return
-    settings = settings_from(
-        server_flag=server, token_flag=token_file, context=context_name, environ=os.environ
-    )
-    ctx.obj = settings.server
-    ctx.meta[SETTINGS_META_KEY] = settings
-    if settings.token_file is not None:
-        source = settings.token_source or "--token-file"
-        ctx.meta[TOKEN_META_KEY] = read_token_file(settings.token_file, source)
+def cli() -> None:
+    """Inspect the RDMA network path of a GPU fleet through the nicfleet aggregator.
+
+    The options below are global: they go before the command or after it
+    (`nicfleetctl nodes --server URL`), the later one winning. Server and token file come
+    from the flag, else NICFLEET_SERVER / NICFLEET_TOKEN_FILE, else the context file, else
+    the default."""
 
 
 @cli.command(epilog=EPILOG)
@@ -248,3 +217,11 @@ for _command in (trace, resources, findings, alerts, validate):
 from aggregator.ctl.audit import audit_group  # noqa: E402
 
 cli.add_command(audit_group, name="audit")
+# Typo-proof filters: an unknown node, rule or resource is exit 1 with close matches.
+add_name_checks(findings, names.FINDINGS)
+add_name_checks(alerts, names.ALERTS)
+add_name_checks(resources, names.RESOURCES)
+# Last, so they wrap everything above: global options after the command, then settings.
+for _name, _group in ((n, cli.commands[n]) for n in sorted(cli.commands) if n != "config"):
+    for _command in leaves(_group):
+        add_global_options(_command, offline=_name in OFFLINE)

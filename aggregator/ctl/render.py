@@ -7,10 +7,12 @@ typed views or the API's JSON dicts. Data cells are `Text`, never parsed as mark
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import IO, Any, Final, TypeVar
+from typing import IO, Any, Final, TypeVar, cast
 
 import msgspec
 from rich.console import Console
@@ -29,6 +31,32 @@ _STATE_STYLE: Final = {"ready": "green", "stale": "yellow", "no-snapshot": "red"
 _PIPE_WIDTH: Final = 4096
 
 
+# Trailing blanks (and the colour codes among them) before a line end: a rich table pads
+# its last column to its width, which `grep 'x$'`, diffs and copy-paste then trip on.
+_TRAILING: Final = re.compile(r"(?:[ ]|\x1b\[[0-9;]*m)+(?=\n)")
+_SGR: Final = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def trim_lines(text: str) -> str:
+    """`text` without blanks before any line end; colour codes among them are kept."""
+    return _TRAILING.sub(lambda m: "".join(_SGR.findall(m.group(0))), text)
+
+
+class _TrimmedStream:
+    """A text stream that passes writes on without trailing blanks on any line. Rich writes
+    a whole `print` at once, so a line is never split across two writes."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(trim_lines(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
 class TerminalBuffer(io.StringIO):
     """Captures what would go to a terminal of `width` columns (`--watch` redraws it)."""
 
@@ -45,7 +73,7 @@ def console_for(stream: IO[str], environ: Mapping[str, str] | None = None) -> Co
     env = os.environ if environ is None else environ
     tty = stream.isatty()
     return Console(
-        file=stream,
+        file=cast(IO[str], _TrimmedStream(stream)),
         force_terminal=tty,  # explicit, so FORCE_COLOR cannot put escapes into a pipe
         no_color=not tty or bool(env.get("NO_COLOR")),
         width=getattr(stream, "terminal_width", None) if tty else _PIPE_WIDTH,
@@ -61,8 +89,11 @@ def render_nodes(
     wide: bool = False,
 ) -> None:
     """The `nodes` table; raw API items are accepted and validated (msgspec)."""
+    # LAST-SEEN, not AGE: kubectl's AGE is the time since creation; this is since the
+    # agent was last heard (a node's first sighting is in `nicfleetctl node`).
     columns = ["NAME", "STATE", "DEVICES", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE"]
-    columns += ["DOWN-PORTS", "AGENT", "READ-ERRORS", "LAST-SEEN", "AGE"] if wide else ["AGE"]
+    columns += ["DOWN-PORTS", "AGENT", "READ-ERRORS", "LAST-SEEN-AT"] if wide else []
+    columns.append("LAST-SEEN")
     table = _table(columns)
     for n in (_typed(item, NodeSummary) for item in nodes):
         row: list[str | Text] = [
@@ -98,6 +129,10 @@ def render_node(
     header.add_column()
     header.add_row("Node:", Text(s.name))
     header.add_row("State:", Text.assemble(_state(s.state), f" (last seen {_age(s.age_s)} ago)"))
+    header.add_row(
+        "First seen:",
+        Text(f"{_timestamp(view.first_seen)} ({_age(now - view.first_seen)} ago)"),
+    )
     snap = view.snapshot
     if snap is not None:
         header.add_row(
@@ -188,10 +223,17 @@ def _events_table(events: Iterable[EventView], now: float) -> Table:
     return table
 
 
-def _table(columns: Iterable[str]) -> _PlainTable:
+def _table(columns: Iterable[str]) -> Table:
+    return plain_table(columns)
+
+
+def plain_table(columns: Iterable[str], *, wrap: Iterable[str] = ()) -> Table:
+    """A borderless table whose string cells are literal text; only the `wrap` columns
+    may wrap (on a narrow terminal), the others never break a name."""
+    wrapping = set(wrap)
     table = _PlainTable(box=None, pad_edge=False, header_style="bold")
     for column in columns:
-        table.add_column(column, no_wrap=True)
+        table.add_column(column, no_wrap=column not in wrapping)
     return table
 
 
@@ -259,3 +301,48 @@ def _age(seconds: float) -> str:
     if s < 2 * 86400:
         return f"{s // 3600}h"
     return f"{s // 86400}d"
+
+
+FINDING_COLUMNS: Final = ("SEVERITY", "RULE", "NODE", "SUBJECT", "MESSAGE")
+SEVERITY_STYLE: Final = {"critical": "red", "warning": "yellow", "info": "blue"}
+FLEET_NODE: Final = "_fleet"  # the node column of fleet-wide findings (the API's filter)
+
+
+def render_findings(
+    console: Console, findings: Iterable[Mapping[str, Any]], *, wide: bool = False
+) -> None:
+    """The findings table of `findings` (live) and `check` (offline): the same columns in
+    the same order; `wide` adds the evidence. Items are the API's (or `to_builtins`) dicts."""
+    columns = [*FINDING_COLUMNS, "EVIDENCE"] if wide else list(FINDING_COLUMNS)
+    table = plain_table(columns, wrap=("MESSAGE", "EVIDENCE"))
+    for f in findings:
+        severity = text_of(f.get("severity"))
+        row: list[str | Text] = [
+            Text(severity, style=SEVERITY_STYLE.get(severity, "")),
+            text_of(f.get("rule")),
+            text_of(f.get("node"), FLEET_NODE),
+            text_of(f.get("subject")),
+            text_of(f.get("message")),
+        ]
+        if wide:
+            row.append(evidence_text(f.get("evidence")))
+        table.add_row(*row)
+    console.print(table)
+
+
+def text_of(value: object, missing: str = NONE) -> str:
+    """A cell from an API value: `missing` for null or absent, never the text "None"."""
+    return missing if value is None or value == "" else str(value)
+
+
+def evidence_text(value: object) -> str:
+    """`key=value` pairs, sorted; JSON spellings (null, true) for non-strings."""
+    if not isinstance(value, Mapping) or not value:
+        return NONE
+    return " ".join(f"{k}={_json_scalar(v)}" for k, v in sorted(value.items()))
+
+
+def _json_scalar(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

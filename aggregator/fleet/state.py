@@ -17,7 +17,8 @@ from typing import Any, Final
 import msgspec
 from msgspec.structs import replace
 
-from aggregator.fleet import clockoffset, ordering, portevents
+from aggregator.fleet import adapterhistory, clockoffset, ordering, portevents
+from aggregator.fleet.adapterhistory import AdapterHistory
 from aggregator.fleet.clockoffset import ClockOffset
 from aggregator.fleet.heldcounters import (
     CounterBase,
@@ -71,6 +72,9 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     instance: Instance | None = None
     counters_epoch: int = 0
     clock: ClockOffset | None = None
+    # The adapters and advertised peaks the followed agent process has shown this process
+    # (aggregator.fleet.adapterhistory); None: nothing heard live yet (e.g. loaded from KV).
+    adapters: AdapterHistory | None = None
 
     @property
     def counters(self) -> CounterBatch | None:
@@ -199,7 +203,12 @@ class Fleet:
             if portevents.supersedes(event, live, history, current=snap.epoch):
                 live = portevents.patch(live, event)
         life = self._moved_by(record, followed, snap.collected_at, received_at)
-        return self._store(replace(record, snapshot=live, snapshot_received_at=received_at, **life))
+        seen = adapterhistory.observe_snapshot(
+            record.adapters, live, epoch=followed.epoch, received_at=received_at
+        )
+        return self._store(
+            replace(record, snapshot=live, snapshot_received_at=received_at, adapters=seen, **life)
+        )
 
     def apply_counters(
         self,
@@ -316,8 +325,17 @@ class Fleet:
             if order is not Order.NEWER:
                 return self._left_out(record, _IGNORED[order])
         life = self._moved_by(record, followed, status.observed_at, received_at)
+        seen = adapterhistory.observe_status(
+            record.adapters, status, epoch=followed.epoch, received_at=received_at
+        )
         return self._store(
-            replace(record, device_plugin=status, device_plugin_received_at=received_at, **life)
+            replace(
+                record,
+                device_plugin=status,
+                device_plugin_received_at=received_at,
+                adapters=seen,
+                **life,
+            )
         )
 
     def apply_event(self, event: LinkEvent, received_at: float) -> Outcome:

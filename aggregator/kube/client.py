@@ -22,6 +22,7 @@ import aiohttp
 
 from aggregator.cluster import (
     DaemonSetState,
+    HeldAddresses,
     IpPool,
     NetworkAttachment,
     OperatorStatus,
@@ -31,7 +32,7 @@ from aggregator.cluster import (
 )
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
 from aggregator.kube import payloads
-from aggregator.kube.networks import ip_pool_from_object
+from aggregator.kube.networks import held_addresses_from_object, ip_pool_from_object
 from aggregator.kube.objects import (
     LeaseRecord,
     Listing,
@@ -57,6 +58,7 @@ NAD = ("k8s.cni.cncf.io", "v1", "network-attachment-definitions")
 NV_IPAM_IPPOOLS = ("nv-ipam.nvidia.com", "v1alpha1", "ippools")
 NV_IPAM_CIDRPOOLS = ("nv-ipam.nvidia.com", "v1alpha1", "cidrpools")
 WHEREABOUTS_IPPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "ippools")
+WHEREABOUTS_NODESLICEPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "nodeslicepools")
 NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
 MERGE_PATCH: Final = "application/merge-patch+json"
 
@@ -195,9 +197,17 @@ class KubeClient:
     async def list_pods_and_components(
         self,
     ) -> tuple[tuple[PodRequest, ...], tuple[DaemonSetState, ...]]:
-        """One list of every pod, read twice: the pods requesting a resource under
-        `resource_prefixes`, and (with one DaemonSet list, all namespaces) the chain's
-        components with the nodes their pods are ready on."""
+        """`list_pods_components_and_addresses` without the addresses."""
+        requests, sets, _ = await self.list_pods_components_and_addresses()
+        return requests, sets
+
+    async def list_pods_components_and_addresses(
+        self,
+    ) -> tuple[tuple[PodRequest, ...], tuple[DaemonSetState, ...], tuple[HeldAddresses, ...]]:
+        """One list of every pod, read three times: the pods requesting a resource under
+        `resource_prefixes`, (with one DaemonSet list, all namespaces) the chain's
+        components with the nodes their pods are ready on, and every unfinished pod's
+        secondary-network addresses (NV-IPAM's per-node use)."""
         raw = await self._json(
             "list pods",
             self._core.list_pod_for_all_namespaces_without_preload_content(**self._timeout()),
@@ -207,6 +217,7 @@ class KubeClient:
         found = (pod_request_from_object(item, prefixes) for item in items)
         requests = tuple(pod for pod in found if pod is not None)
         daemon_pods = tuple(p for p in map(daemon_pod_from_object, items) if p is not None)
+        held = tuple(h for h in map(held_addresses_from_object, items) if h is not None)
         try:
             raw_sets = await self._json(
                 "list DaemonSets",
@@ -218,9 +229,9 @@ class KubeClient:
             # 404: no apps/v1 (test emulators); 403: an older ClusterRole. The pods still count.
             if exc.status not in (403, 404):
                 raise
-            return requests, ()
+            return requests, (), held
         sets = (daemonset_from_object(item, daemon_pods) for item in listing_from(raw_sets).items)
-        return requests, tuple(s for s in sets if s is not None)
+        return requests, tuple(s for s in sets if s is not None), held
 
     async def list_scheduling_events(self) -> tuple[SchedulingEvent, ...]:
         """The scheduler's `FailedScheduling` Events (all namespaces), oldest first."""
@@ -248,8 +259,8 @@ class KubeClient:
         return tuple(nad for nad in found if nad is not None)
 
     async def list_ip_pools(self) -> tuple[IpPool, ...]:
-        """NV-IPAM IPPools and CIDRPools and whereabouts IPPools, all namespaces; a kind whose
-        CRD is not installed contributes nothing."""
+        """NV-IPAM IPPools and CIDRPools and whereabouts IPPools and NodeSlicePools (Fast
+        IPAM), all namespaces; a kind whose CRD is not installed contributes nothing."""
         kinds: tuple[tuple[PoolKind, str, Callable[[], Awaitable[Any]]], ...] = (
             ("nv-ipam-ippool", "list NV-IPAM IPPools", lambda: (
                 self._custom.list_cluster_custom_object_without_preload_content(
@@ -260,6 +271,9 @@ class KubeClient:
             ("whereabouts", "list whereabouts IPPools", lambda: (
                 self._custom.list_cluster_custom_object_without_preload_content(
                     *WHEREABOUTS_IPPOOLS, **self._timeout()))),
+            ("whereabouts-nodeslice", "list whereabouts NodeSlicePools", lambda: (
+                self._custom.list_cluster_custom_object_without_preload_content(
+                    *WHEREABOUTS_NODESLICEPOOLS, **self._timeout()))),
         )  # fmt: skip
         found: list[IpPool] = []
         for kind, what, call in kinds:

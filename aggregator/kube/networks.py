@@ -1,14 +1,16 @@
 """Secondary-network objects -> the cluster model: a NetworkAttachmentDefinition's CNI
-config, a pod's Multus `network-status`, NV-IPAM IPPool/CIDRPool and whereabouts IPPool.
+config, a pod's Multus `network-status` (and the addresses it holds), NV-IPAM
+IPPool/CIDRPool, whereabouts IPPool and NodeSlicePool.
 
 Pure: `aggregator.kube.client` lists the objects. The shapes are the ones the upstream
 controllers write (Multus, k8snetworkplumbingwg device-info-spec, Mellanox/nvidia-k8s-ipam
-api/v1alpha1, whereabouts.cni.cncf.io/v1alpha1). A malformed object never raises: it is
-skipped, or carries the reason it could not be read.
+api/v1alpha1, whereabouts.cni.cncf.io/v1alpha1 and its pkg/config). A malformed object
+never raises: it is skipped, or carries the reason it could not be read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 from collections.abc import Iterable, Mapping
@@ -16,10 +18,20 @@ from typing import Any, Final
 
 import msgspec
 
-from aggregator.cluster import IpPool, NetworkStatus, PoolBlock, PoolKind
+from aggregator.cluster import (
+    HeldAddresses,
+    IpamRange,
+    IpPool,
+    NetworkStatus,
+    PoolBlock,
+    PoolKind,
+)
+from aggregator.placement import required_affinity_from
 
 NETWORK_STATUS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/network-status"
 OLD_NETWORK_STATUS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks-status"  # Multus < 3.7
+# A finished pod's sandbox is torn down (CNI DEL): its network-status outlives its addresses.
+FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
 class CniConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +44,10 @@ class CniConfig(msgspec.Struct, frozen=True, kw_only=True):
     ipam_pools: tuple[str, ...] = ()
     ipam_pool_type: str | None = None
     ipam_range: str | None = None
+    ipam_ranges: tuple[IpamRange, ...] = ()  # whereabouts
+    ipam_network_name: str | None = None
+    ipam_node_slice_size: str | None = None
+    config_name: str | None = None  # the config's (conflist's) "name"
     error: str | None = None
 
 
@@ -72,7 +88,57 @@ def parse_cni_config(raw: object) -> CniConfig:
         ipam_pools=tuple(p.strip() for p in (pools or "").split(",") if p.strip()),
         ipam_pool_type=_text(ipam.get("poolType")),
         ipam_range=_text(ipam.get("range")),
+        ipam_ranges=_whereabouts_ranges(ipam),
+        ipam_network_name=_text(ipam.get("network_name")),
+        ipam_node_slice_size=_text(ipam.get("node_slice_size")),
+        # libcni hands each plugin of a conflist the list's name: whereabouts (and its
+        # NodeSlicePool lookup) sees that one.
+        config_name=_text(decoded.get("name")),
     )
+
+
+def _whereabouts_ranges(ipam: Mapping[str, Any]) -> tuple[IpamRange, ...]:
+    """whereabouts' pkg/config: the top-level range (with its range_start, range_end and
+    exclude) first, then every ipRanges entry; "first-last/prefix" sets both ends."""
+    raw = [ipam] if _text(ipam.get("range")) else []
+    raw += [r for r in _list(ipam.get("ipRanges")) if isinstance(r, Mapping)]
+    found = []
+    for entry in raw:
+        text = _text(entry.get("range"))
+        if text is None:
+            continue
+        start, end = _text(entry.get("range_start")), _text(entry.get("range_end"))
+        if "-" in text:
+            first, _, cidr = text.partition("-")
+            start, end, text = first, cidr.split("/", 1)[0], cidr
+        # One that does not parse is kept as written: refused where the range is counted.
+        with contextlib.suppress(ValueError):
+            text = str(ipaddress.ip_network(text, strict=False))
+        exclude = tuple(e for e in _list(entry.get("exclude")) if isinstance(e, str))
+        found.append(IpamRange(range=text, range_start=start, range_end=end, exclude=exclude))
+    return tuple(found)
+
+
+def held_addresses_from_object(obj: Mapping[str, Any]) -> HeldAddresses | None:
+    """The secondary-network addresses of a pod bound to a node and not finished; None for
+    any other pod (NV-IPAM's per-node reservations are counted from these)."""
+    metadata = _mapping(obj.get("metadata"))
+    node = _text(_mapping(obj.get("spec")).get("nodeName"))
+    name = _text(metadata.get("name"))
+    if node is None or name is None:
+        return None
+    if _mapping(obj.get("status")).get("phase") in FINISHED_PHASES:
+        return None
+    annotations = _mapping(metadata.get("annotations"))
+    raw = annotations.get(NETWORK_STATUS_ANNOTATION) or annotations.get(
+        OLD_NETWORK_STATUS_ANNOTATION
+    )
+    statuses = parse_network_status(raw if isinstance(raw, str) else None)
+    ips = tuple(ip for status in statuses for ip in status.ips)
+    if not ips:
+        return None
+    namespace = _text(metadata.get("namespace")) or "default"
+    return HeldAddresses(namespace=namespace, name=name, node=node, ips=ips)
 
 
 def parse_network_status(annotation: str | None) -> tuple[NetworkStatus, ...]:
@@ -106,7 +172,8 @@ def parse_network_status(annotation: str | None) -> tuple[NetworkStatus, ...]:
 
 
 def ip_pool_from_object(kind: PoolKind, obj: Mapping[str, Any]) -> IpPool | None:
-    """An NV-IPAM IPPool / CIDRPool or a whereabouts IPPool; None without a name."""
+    """An NV-IPAM IPPool / CIDRPool, a whereabouts IPPool or NodeSlicePool; None without a
+    name."""
     metadata = _mapping(obj.get("metadata"))
     name = _text(metadata.get("name"))
     if name is None:
@@ -119,6 +186,19 @@ def ip_pool_from_object(kind: PoolKind, obj: Mapping[str, Any]) -> IpPool | None
         for e in _list(spec.get("exclusions"))
         if (start := _text(_mapping(e).get("startIP"))) and (end := _text(_mapping(e).get("endIP")))
     )
+    per_node = tuple(
+        (first, last)
+        for e in map(_mapping, _list(spec.get("perNodeExclusions")))
+        if (first := _int(e.get("startIndex"))) is not None
+        and (last := _int(e.get("endIndex"))) is not None
+    )
+    # spec.nodeSelector is a core/v1 NodeSelector; absent (null) selects every node.
+    raw_selector = spec.get("nodeSelector")
+    selector = (
+        required_affinity_from({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": raw_selector}})
+        if isinstance(raw_selector, Mapping) else None
+    )  # fmt: skip
     if kind == "nv-ipam-ippool":
         blocks = _by_node(
             PoolBlock(node=node, first=_text(a.get("startIP")), last=_text(a.get("endIP")))
@@ -128,7 +208,8 @@ def ip_pool_from_object(kind: PoolKind, obj: Mapping[str, Any]) -> IpPool | None
         return IpPool(
             kind=kind, namespace=namespace, name=name, network=_text(spec.get("subnet")),
             block_size=_int(spec.get("perNodeBlockSize")), gateway=_text(spec.get("gateway")),
-            exclusions=exclusions, blocks=blocks,
+            exclusions=exclusions, blocks=blocks, node_selector=selector,
+            per_node_exclusions=per_node,
         )  # fmt: skip
     if kind == "nv-ipam-cidrpool":
         blocks = _by_node(
@@ -140,6 +221,23 @@ def ip_pool_from_object(kind: PoolKind, obj: Mapping[str, Any]) -> IpPool | None
             kind=kind, namespace=namespace, name=name, network=_text(spec.get("cidr")),
             node_prefix=_int(spec.get("perNodeNetworkPrefix")),
             gateway_index=_int(spec.get("gatewayIndex")), exclusions=exclusions, blocks=blocks,
+            node_selector=selector, per_node_exclusions=per_node,
+            static_prefixes=tuple(
+                p for a in map(_mapping, _list(spec.get("staticAllocations")))
+                if (p := _text(a.get("prefix")))
+            ),
+        )  # fmt: skip
+    if kind == "whereabouts-nodeslice":
+        # status.allocations lists every slice; an empty nodeName is a slice still free.
+        blocks = _by_node(
+            PoolBlock(node=node, prefix=_text(a.get("sliceRange")))
+            for a in map(_mapping, _list(status.get("allocations")))
+            if (node := _text(a.get("nodeName")))
+        )
+        size = (_text(spec.get("sliceSize")) or "").removeprefix("/")
+        return IpPool(
+            kind=kind, namespace=namespace, name=name, network=_text(spec.get("range")),
+            node_prefix=int(size) if size.isdigit() else None, blocks=blocks,
         )  # fmt: skip
     network = _text(spec.get("range"))
     return IpPool(

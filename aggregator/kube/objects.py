@@ -26,6 +26,7 @@ from aggregator.cluster import (
 )
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
 from aggregator.kube import networks
+from aggregator.placement import required_affinity_from, taints_from, tolerations_from
 from proto.policy import Policy, PolicyError, load_policies
 
 RESOURCE_NAME_ANNOTATION: Final = "k8s.v1.cni.cncf.io/resourceName"
@@ -155,11 +156,14 @@ def node_from_object(obj: Mapping[str, Any]) -> ClusterNode | None:
             for c in map(_mapping, _list(status.get("conditions")))
             if isinstance(c.get("type"), str)
         ),
+        taints=taints_from(_mapping(obj.get("spec")).get("taints")),
     )
 
 
 def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -> PodRequest | None:
-    """A Pod asking for a resource under one of `prefixes` ("rdma/"), else None."""
+    """A Pod asking for a resource under one of `prefixes` ("rdma/") or any device-plugin
+    (extended) resource, or attaching a network (`k8s.v1.cni.cncf.io/networks`); else None:
+    a pod with neither has no RDMA chain."""
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     requests: dict[str, int] = {}
@@ -169,15 +173,15 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
         # Extended resources must be requested in limits (requests default to them).
         for section in ("limits", "requests"):
             for resource, amount in _mapping(resources.get(section)).items():
-                if not str(resource).startswith(prefixes):
+                if not (str(resource).startswith(prefixes) or extended_resource(str(resource))):
                     continue
                 count = _quantity(amount)
                 if count is not None:
                     requests[resource] = max(requests.get(resource, 0), count)
-    if not requests:
+    annotations = _strings(metadata.get("annotations"))
+    if not requests and not annotations.get(NETWORKS_ANNOTATION, "").strip():
         return None
     namespace = str(metadata.get("namespace") or "default")
-    annotations = _strings(metadata.get("annotations"))
     node = spec.get("nodeName")
     status = _mapping(obj.get("status"))
     phase = status.get("phase")
@@ -202,6 +206,13 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
         ),
         unschedulable=unschedulable,
     )
+
+
+def extended_resource(name: str) -> bool:
+    """A device plugin's (extended) resource, as Kubernetes tells them from native ones
+    (v1helper.IsExtendedResourceName): a domain-prefixed name outside kubernetes.io, not a
+    quota's `requests.` name. cpu, memory, hugepages-2Mi: native."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
 
 
 # --- the components the chain needs (aggregator.trace.components) ------------------------
@@ -286,6 +297,10 @@ def daemonset_from_object(
         name=name,
         role=role,
         node_selector=_strings(template.get("nodeSelector")),
+        affinity=required_affinity_from(template.get("affinity")),
+        tolerations=tolerations_from(template.get("tolerations")),
+        host_network=template.get("hostNetwork") is True,
+        template_node=_opt_text(template.get("nodeName")),
         desired=_count(status.get("desiredNumberScheduled")),
         ready=_count(status.get("numberReady")),
         available=_count(status.get("numberAvailable")),
@@ -378,6 +393,10 @@ def attachment_from_object(obj: Mapping[str, Any]) -> NetworkAttachment | None:
         ipam_pool_type=config.ipam_pool_type,
         ipam_range=config.ipam_range,
         config_error=config.error,
+        ipam_ranges=config.ipam_ranges,
+        ipam_network_name=config.ipam_network_name,
+        ipam_node_slice_size=config.ipam_node_slice_size,
+        config_name=config.config_name,
     )
 
 

@@ -21,6 +21,7 @@ from aggregator.cluster import (
     ClusterNode,
     ClusterView,
     DaemonSetState,
+    HeldAddresses,
     IpPool,
     NetworkAttachment,
     OperatorStatus,
@@ -69,6 +70,7 @@ class ClusterWatcher:
         self._pods: tuple[PodRequest, ...] = ()
         self._attachments: tuple[NetworkAttachment, ...] = ()
         self._ip_pools: tuple[IpPool, ...] = ()
+        self._held: tuple[HeldAddresses, ...] = ()
         self._daemonsets: tuple[DaemonSetState, ...] = ()
         self._events: tuple[SchedulingEvent, ...] = ()
         self._operator: OperatorStatus | None = None
@@ -87,6 +89,7 @@ class ClusterWatcher:
                 pods=self._pods,
                 attachments=self._attachments,
                 ip_pools=self._ip_pools,
+                held_addresses=self._held,
                 scheduling_events=self._events,
                 daemonsets=self._daemonsets,
                 nic_cluster_policy=self._operator,
@@ -174,7 +177,7 @@ class ClusterWatcher:
         failed = False
         while not stop.is_set():
             try:
-                pods, daemonsets = await self._kube.list_pods_and_components()
+                pods, daemonsets, held = await self._kube.list_pods_components_and_addresses()
                 attachments = await self._kube.list_network_attachments()
                 pools = await self._kube.list_ip_pools()
             except KubeError as exc:
@@ -183,9 +186,12 @@ class ClusterWatcher:
                 failed = True
             else:
                 failed = False
-                fresh = (pods, attachments, pools, daemonsets)
-                if fresh != (self._pods, self._attachments, self._ip_pools, self._daemonsets):
-                    self._pods, self._attachments, self._ip_pools, self._daemonsets = fresh
+                fresh = (pods, attachments, pools, daemonsets, held)
+                if fresh != (
+                    self._pods, self._attachments, self._ip_pools, self._daemonsets, self._held
+                ):  # fmt: skip
+                    (self._pods, self._attachments, self._ip_pools, self._daemonsets,
+                     self._held) = fresh  # fmt: skip
                     self._announce("pods")
             if await _wait_or_stop(stop, self._settings.pods_every_s):
                 return

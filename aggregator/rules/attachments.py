@@ -41,12 +41,22 @@ def check_nad_resource_mismatch(given: RuleInput) -> list[Finding]:
             if nad is None or nad.resource_name is None or nad.resource_name in pod.requests:
                 continue
             asked = ", ".join(sorted(pod.requests))
+            if asked:
+                what = (
+                    f"requests {asked}: Multus attaches a device of {nad.resource_name}; "
+                    "set the annotation to the resource the pods request."
+                )
+            else:
+                what = (
+                    f"requests no device-plugin resource, so no device of "
+                    f"{nad.resource_name} is allocated to it: request "
+                    f"{nad.resource_name} in the pod (network-resources-injector adds it "
+                    "automatically where it is installed)."
+                )
             found.setdefault((node, key), Finding(
                 rule=MISMATCH, severity="warning", node=node, subject=f"nad/{key}",
                 message=f"NetworkAttachmentDefinition {key} is annotated {ANNOTATION}="
-                f"{nad.resource_name}, but pod {pod.namespace}/{pod.name} on {node} "
-                f"requests {asked}: Multus attaches a device of {nad.resource_name}; set the "
-                "annotation to the resource the pods request.",
+                f"{nad.resource_name}, but pod {pod.namespace}/{pod.name} on {node} {what}",
                 evidence={"annotation": nad.resource_name, "requests": asked,
                           "pod": f"{pod.namespace}/{pod.name}"},
             ))  # fmt: skip
@@ -91,8 +101,10 @@ def check_ip_pool_low(given: RuleInput) -> list[Finding]:
 def _pool_findings(given: RuleInput) -> Iterator[Finding]:
     low = given.thresholds.param(LOW, "lowFree")
     by_node = podnetworks.pods_by_node(given.cluster.pods)
+    held_by_node = podnetworks.held_by_node(given.cluster.held_addresses)
     for node in sorted(given.fleet):
         here = by_node.get(node, [])
+        held = held_by_node.get(node, [])
         nads: dict[str, NetworkAttachment] = {}
         resources = {r for p in here for r in p.requests}
         resources |= {r for n, r, _ in _served(given, only=node)}
@@ -103,35 +115,53 @@ def _pool_findings(given: RuleInput) -> Iterator[Finding]:
                     nads.setdefault(nad_use.key, nad_use.attachment)
         seen: set[str] = set()
         for key in sorted(nads):
-            for use in podnetworks.pool_uses(nads[key], node, given.cluster, here):
+            for use in podnetworks.pool_uses(nads[key], node, given.cluster, here, held):
                 subject = f"pool/{use.pool or use.nad}"
-                if use.free is None or subject in seen:
+                blocked = use.state in podnetworks.NO_ADDRESS_STATES
+                if (use.free is None and not blocked) or subject in seen:
                     continue
                 evidence: dict[str, str | int | float | bool | None] = {
                     "nad": use.nad, "ipam": use.ipam, "block": use.block,
                     "capacity": use.capacity, "used": use.used, "free": use.free,
+                    "counted": use.counted, "state": use.state,
                 }  # fmt: skip
-                if use.state in ("exhausted", "no-block"):
+                if blocked:
                     seen.add(subject)
-                    where = f"block {use.block}" if use.block else "range"
-                    detail = use.detail if use.state == "no-block" else (
-                        f"{use.pool or use.nad}: {where} has 0 of {use.capacity} addresses free"
-                    )  # fmt: skip
                     yield Finding(
                         rule=EXHAUSTED, severity="critical", node=node, subject=subject,
-                        message=f"{detail} on {node}: the next pod of {use.nad} there fails "
+                        message=f"{use.detail}: the next pod of {use.nad} on {node} gets no "
+                        f"address; {_BLOCKED_REMEDY[use.state]}.",
+                        evidence=evidence,
+                    )  # fmt: skip
+                elif use.state == "exhausted":
+                    seen.add(subject)
+                    where = f"block {use.block}" if use.block else "range"
+                    yield Finding(
+                        rule=EXHAUSTED, severity="critical", node=node, subject=subject,
+                        message=f"{use.pool or use.nad}: {where} has 0 of {use.capacity} "
+                        f"addresses free on {node}: the next pod of {use.nad} there fails "
                         "with \"no free IP\"; enlarge the pool or free addresses.",
                         evidence=evidence,
                     )  # fmt: skip
-                elif use.free <= low:
+                elif use.free is not None and use.free <= low:
                     seen.add(subject)
+                    # NV-IPAM's count is a lower bound on use: free is at most this.
+                    bound = "at most " if use.counted == "network-status" else ""
                     yield Finding(
                         rule=LOW, severity="warning", node=node, subject=subject,
-                        message=f"{use.pool or use.nad} has {use.free} of {use.capacity} "
+                        message=f"{use.pool or use.nad} has {bound}{use.free} of {use.capacity} "
                         f"addresses left for pods of {use.nad} on {node} (warning at "
                         f"{low:g}); enlarge the pool before pods fail with \"no free IP\".",
                         evidence=evidence | {"low_free": low},
                     )  # fmt: skip
+
+
+_BLOCKED_REMEDY: Final = {
+    "no-block": "enlarge the pool (more or smaller blocks/slices) or free a node's block",
+    "not-selected": "select the node in the pool's nodeSelector, or give the NAD a pool "
+    "that selects it",
+    "invalid": "fix the pool's (or the NAD's ipam) configuration",
+}
 
 
 def _served(

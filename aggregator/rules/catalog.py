@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Final
 
 from aggregator.rules import (
+    adapterloss,
     attachments,
     clockskew,
     counters,
@@ -30,6 +31,7 @@ ALL_RULES: Final[tuple[Rule, ...]] = (
     *counters.RULES,
     *versions.RULES,
     *fleetpolicy.RULES,
+    *adapterloss.RULES,
     *pluginconfig.RULES,
     *attachments.RULES,
     *dataquality.RULES,

@@ -1,5 +1,7 @@
-"""The `data-quality` rule: input the other rules cannot judge — no snapshot, unreadable
-files, unknown port states, absurd values, NaN/negative rates, saturated or reset counters.
+"""The `data-quality` rule: input the other rules cannot judge — unreadable files, unknown
+port states, absurd values, NaN/negative rates, saturated or reset counters; and
+`snapshot-missing`: a node heard from that never sent its inventory (only after a grace:
+a first contact often starts with a status or counter batch).
 
 Pure in effect. Such input never passes silently as "all clear": it becomes one warning per
 node and subject, listing every problem found there. A counter batch the fleet found clean
@@ -11,14 +13,17 @@ from __future__ import annotations
 
 import functools
 import math
+from types import MappingProxyType
 from typing import Final
 
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.counters import CNP_IGNORED, COUNTER_FAMILIES, RETRY_COUNTERS
 from aggregator.rules.descriptor import COUNTERS, SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding
 from aggregator.rules.fleetfacts import ports, subject
 from aggregator.rules.links import FLAP_COUNTERS
 from aggregator.rules.nodememo import NodeMemo
+from aggregator.rules.settings import Thresholds
 from aggregator.rules.versions import parse_version
 from proto.inventory import NodeSnapshot
 from proto.messages.counters import CounterBatch, PortCounters
@@ -35,10 +40,10 @@ def check_data_quality(given: RuleInput) -> list[Finding]:
     problems: dict[tuple[str, str], list[str]] = {}
     for node in sorted(given.fleet):
         record = given.fleet[node]
-        if record.snapshot is None:
-            problems.setdefault((node, "snapshot"), []).append("no inventory snapshot received yet")
-        else:
-            snap = record.snapshot
+        # No snapshot yet is not bad data: it is state this process has not observed (a
+        # status or counter batch often arrives first). snapshot-missing reports it late.
+        snap = record.snapshot
+        if snap is not None:
             known = _SNAPSHOT.get(node, snap, None, functools.partial(_of_snapshot, node, snap))
             for key, found_there in known:
                 problems.setdefault(key, []).extend(found_there)
@@ -161,7 +166,44 @@ def _counter_problems(
             problems.setdefault((node, f"{pc.device}/{pc.port}"), []).extend(listed)
 
 
+def check_snapshot_missing(given: RuleInput) -> list[Finding]:
+    """A node heard from (status, counters, events) but without an inventory snapshot
+    `missingAfter` seconds after this process first heard it: the agent publishes one at
+    start and on every resync request, so by then its snapshots are being lost."""
+    limit = given.thresholds.param("snapshot-missing", "missingAfter")
+    found: list[Finding] = []
+    for node in sorted(given.fleet):
+        record = given.fleet[node]
+        age = given.now - record.first_seen
+        if record.snapshot is not None or age <= limit:
+            continue
+        found.append(
+            Finding(
+                rule="snapshot-missing",
+                severity="warning",
+                node=node,
+                subject="snapshot",
+                message=f"{node} has sent messages for {age:.0f}s but no inventory snapshot "
+                f"(limit {limit:g}s), so none of its adapters can be judged; read the "
+                "agent's log for snapshot publish errors (a snapshot above the NATS "
+                "max_payload, a permission error on its subject).",
+                evidence={"first_seen": record.first_seen, "age_s": round(age, 3)},
+            )
+        )
+    return found
+
+
+def snapshot_missing_from(record: NodeRecord, thresholds: Thresholds) -> float:
+    """When snapshot-missing may report `record`: never once it has a snapshot."""
+    if record.snapshot is not None:
+        return math.inf
+    return record.first_seen + thresholds.param("snapshot-missing", "missingAfter")
+
+
 RULES: Final[tuple[Rule, ...]] = (
     Rule(id="data-quality", family="data", severity="warning", check=check_data_quality,
          reads=SNAPSHOT | COUNTERS),
+    Rule(id="snapshot-missing", family="data", severity="warning",
+         check=check_snapshot_missing, reads=frozenset({"snapshot", "first_seen"}),
+         due=snapshot_missing_from, params=MappingProxyType({"missingAfter": 30.0})),
 )  # fmt: skip

@@ -12,10 +12,12 @@ import ipaddress
 import re
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final, cast
 
 from aggregator.cluster import policies_by_node
+from aggregator.fleet.servable import Unusable, unusable
 from aggregator.fleet.state import NodeRecord
 from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Evidence, Finding
@@ -67,6 +69,13 @@ def agent_stale_from(record: NodeRecord, thresholds: Thresholds) -> float:
     return record.last_seen + thresholds.param("agent-stale", "staleAfter")
 
 
+_WHY: Final[Mapping[Unusable, str]] = {
+    "not-served": "is not served",
+    "advertises-0": "advertises 0 devices",
+    "no-healthy": "has no healthy device",
+}
+
+
 def check_resource_zero(given: RuleInput) -> list[Finding]:
     by_node = policies_by_node(given.policies, given.fleet, given.cluster)
     found: list[Finding] = []
@@ -83,13 +92,12 @@ def check_resource_zero(given: RuleInput) -> list[Finding]:
         }
         for name in sorted(wanted | set(advertised)):
             r = advertised.get(name)
-            if r is not None and r.advertised > 0 and r.healthy > 0:
+            # One definition with `nicfleetctl resources` ZERO/UNHEALTHY (fleet.servable);
+            # an invalid entry is resource-config-invalid's (rules/pluginconfig).
+            reason = unusable(status, name)
+            if reason is None:
                 continue
-            if r is not None and r.config_error is not None:
-                continue  # an invalid entry: resource-config-invalid (rules/pluginconfig)
-            why = "is not served" if r is None else (
-                "advertises 0 devices" if r.advertised <= 0 else "has no healthy device"
-            )  # fmt: skip
+            why = _WHY[reason]
             reasons = {} if r is None else {**r.unmatched, **r.excluded, **r.unhealthy}
             found.append(
                 Finding(
@@ -262,9 +270,20 @@ def _rail_tally(peer: Peer) -> Iterator[Vote]:
         yield _rail_group(peer, i, rail), rail
 
 
+@dataclass(frozen=True, slots=True)
+class RailFact:
+    """Rail i of a pool: at least two members, and the majority of each RAIL_KEYS value
+    among those known (None: unknown, or no majority) — what `judge` reads and equality
+    sees. `seen` (per key, its known values with counts, most first) rides along for the
+    pool's fleet-wide finding: counts moving must not re-judge every member."""
+
+    several: bool
+    usuals: tuple[object, ...]
+    seen: tuple[tuple[tuple[object, int], ...], ...] = field(compare=False, default=())
+
+
 def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
-    """(at least two members, the majority of each RAIL_KEYS value among those known)."""
-    usuals = []
+    usuals, seen = [], []
     for k in range(len(RAIL_KEYS)):
         known: Counter[object] = Counter()
         for rail, n in counts.items():
@@ -272,28 +291,28 @@ def _rail_settle(counts: Mapping[Hashable, int]) -> Hashable:
             if value is not None:
                 known[value] += n
         usuals.append(majority_of(known))
-    return sum(counts.values()) >= 2, tuple(usuals)
+        seen.append(tuple(sorted(known.items(), key=lambda vn: (-vn[1], str(vn[0])))))
+    return RailFact(sum(counts.values()) >= 2, tuple(usuals), tuple(seen))
 
 
 def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
+    """An adapter off its rail's majority; a value without a majority is no one's fault
+    (the pool's fleet-wide finding, `_rail_conclude`, says so once)."""
     found: list[Finding] = []
     for (i, device), (group, rail) in zip(_rails(peer), votes, strict=True):
-        several, usuals = cast(tuple[bool, tuple[object, ...]], facts[group])
-        if not several:
+        fact = cast(RailFact, facts[group])
+        if not fact.several:
             continue
         values = cast(Rail, rail)
         differs: dict[str, object] = {
             key: usual
-            for key, value, usual in zip(RAIL_KEYS, values, usuals, strict=True)
-            if value is not None and value != usual
+            for key, value, usual in zip(RAIL_KEYS, values, fact.usuals, strict=True)
+            if value is not None and usual is not None and value != usual
         }
         if not differs:
             continue
         attrs = dict(zip(RAIL_KEYS, values, strict=True))
-        what = ", ".join(
-            f"{k} {attrs[k]} (peers: {'no majority' if v is None else v})"
-            for k, v in differs.items()
-        )
+        what = ", ".join(f"{k} {attrs[k]} (peers: {v})" for k, v in differs.items())
         found.append(
             Finding(
                 rule="rail-mismatch",
@@ -309,7 +328,7 @@ def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding
                     **{
                         f"peers_{k}": v
                         for k, v in differs.items()
-                        if v is None or isinstance(v, str | float | int)
+                        if isinstance(v, str | float | int)
                     },
                 },
             )
@@ -317,7 +336,79 @@ def _rail_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding
     return found
 
 
-RAIL_MISMATCH: Final = PeerRule("rail-mismatch", _rail_tally, _rail_settle, _rail_judge)
+_RAILS_SHOWN: Final = 4
+
+
+def _rail_conclude(policies: tuple[Policy, ...], facts: Facts) -> list[Finding]:
+    """One fleet-wide finding per pool (policy, link layer) whose rails hold values with
+    no majority: nobody is the odd one out, so no node is blamed."""
+    pools: dict[tuple[str | None, str | None], list[tuple[int, str]]] = {}
+    for group, fact in facts.items():
+        rail = cast(RailFact, fact)
+        if not rail.several:
+            continue
+        _, policy, layer, i = cast(tuple[str, str | None, str | None, int], group)
+        split = [
+            f"{key} " + ", ".join(f"{v} on {n} node{'' if n == 1 else 's'}" for v, n in seen)
+            for key, usual, seen in zip(RAIL_KEYS, rail.usuals, rail.seen, strict=True)
+            if usual is None and len(seen) > 1
+        ]
+        if split:
+            pools.setdefault((policy, layer), []).append((i, "; ".join(split)))
+    found: list[Finding] = []
+    for (policy, layer), rails in sorted(
+        pools.items(), key=lambda kv: (kv[0][0] or "", str(kv[0][1]))
+    ):
+        rails.sort()
+        shown = "; ".join(f"rail {i}: {split}" for i, split in rails[:_RAILS_SHOWN])
+        if len(rails) > _RAILS_SHOWN:
+            shown += f"; and {len(rails) - _RAILS_SHOWN} more rails"
+        pool = f"policy {policy}" if policy else "nodes without a policy"
+        found.append(
+            Finding(
+                rule="rail-mismatch",
+                severity="warning",
+                node=None,
+                subject=f"pool/{policy or '-'}/{layer}",
+                message=f"The {layer} rails of {pool} differ with no majority ({shown}), "
+                "so no adapter is the odd one out: if these are different machine "
+                "types, select each type with its own NicFleetPolicy (rails are compared "
+                "per policy); else recable or readdress to one plan.",
+                evidence={
+                    "policy": policy,
+                    "link_layer": layer,
+                    "rails": ",".join(str(i) for i, _ in rails),
+                },
+            )
+        )
+    return found
+
+
+RAIL_MISMATCH: Final = PeerRule(
+    "rail-mismatch", _rail_tally, _rail_settle, _rail_judge, _rail_conclude
+)
+
+
+def rail_unjudged(
+    record: NodeRecord | None, subject: str, evidence: Mapping[str, str]
+) -> str | None:
+    """Why rail-mismatch can no longer judge the adapter its alert named (`evidence`: the
+    alert's, `peers_<key>` for each value that differed), or None when it can: a port
+    gone down has no rate to compare, an adapter gone has no rail at all."""
+    snap = record.snapshot if record is not None else None
+    if snap is None:
+        return "no inventory snapshot of the node"
+    device = next((d for d in snap.devices if d.name == subject), None)
+    if device is None:
+        return f"{subject} is no longer in the node's inventory"
+    values = dict(zip(RAIL_KEYS, _rail(device), strict=True))
+    lost = [k for k in RAIL_KEYS if f"peers_{k}" in evidence and values[k] is None]
+    if not lost:
+        return None
+    port = device.ports[0] if device.ports else None
+    state = "no port" if port is None else (
+        f"port {port.port} {port.state}/{port.phys_state or '?'}")  # fmt: skip
+    return f"{subject} has {state}: its {', '.join(lost)} cannot be compared with its rail's"
 
 
 RULES: Final[tuple[Rule, ...]] = (
@@ -332,5 +423,7 @@ RULES: Final[tuple[Rule, ...]] = (
     # Reads only whether the node is in the fleet (and its policies).
     Rule(id="policy-conflict", family="fleet", severity="warning",
          check=check_policy_conflict, reads=frozenset()),
-    Rule.of_peers(RAIL_MISMATCH, family="fleet", severity="warning", reads=SNAPSHOT),
+    # resolveAfter: as the skew rules' (versions.SKEW_RESOLVE_S), a vote in transit.
+    replace(Rule.of_peers(RAIL_MISMATCH, family="fleet", severity="warning", reads=SNAPSHOT),
+            resolve_s=60.0),
 )  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Final, cast
 
+from aggregator.fleet.state import NodeRecord
 from aggregator.rules.counterbase import quiet
 from aggregator.rules.descriptor import COUNTERS, SNAPSHOT, Rule, RuleInput
 from aggregator.rules.finding import Finding, Severity
@@ -142,6 +143,36 @@ def _rate_judge(peer: Peer, votes: Sequence[Vote], modes: Facts) -> list[Finding
 RATE_MISMATCH: Final = PeerRule("rate-mismatch", _rate_tally, _rate_settle, _rate_judge)
 
 
+def rate_unjudged(
+    record: NodeRecord | None, subject_: str, evidence: Mapping[str, str]
+) -> str | None:
+    """Why rate-mismatch can no longer judge the port its alert named, or None when it can:
+    only an ACTIVE port has a rate to compare, so a port gone down (or gone) is unknown."""
+    place = _place(record, subject_)
+    if isinstance(place, str):
+        return place
+    _, port = place
+    if port is None:
+        return f"{subject_} is no longer in the node's inventory"
+    if not is_active(port):
+        return (f"{subject_} is {port.state}/{port.phys_state or '?'}: a port that is not "
+                "ACTIVE has no rate to compare")  # fmt: skip
+    return None
+
+
+def _place(record: NodeRecord | None, subject_: str) -> tuple[Device, Port | None] | str:
+    """The adapter and port `adapter/port` names in the record's snapshot, or why not."""
+    snap = record.snapshot if record is not None else None
+    if snap is None:
+        return "no inventory snapshot of the node"
+    name, _, number = subject_.rpartition("/")
+    device = next((d for d in snap.devices if d.name == name), None)
+    if device is None:
+        return f"{name} is no longer in the node's inventory"
+    port = next((p for p in device.ports if str(p.port) == number), None)
+    return device, port
+
+
 def _layer_tally(peer: Peer) -> Iterator[Vote]:
     snap = peer.record.snapshot
     for device, port in ports(snap) if snap is not None else ():
@@ -267,6 +298,21 @@ def _mtu_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]
 
 
 MTU_MISMATCH: Final = PeerRule("mtu-mismatch", _mtu_tally, _mtu_settle, _mtu_judge)
+
+
+def mtu_unjudged(
+    record: NodeRecord | None, subject_: str, evidence: Mapping[str, str]
+) -> str | None:
+    """Why mtu-mismatch can no longer judge the netdev its alert named: the adapter or the
+    netdev went away (an MTU is judged whatever the port state), else None."""
+    place = _place(record, subject_)
+    if isinstance(place, str):
+        return place
+    device, _ = place
+    netdev = evidence.get("netdev")
+    if netdev is not None and all(i.name != netdev for i in device.interfaces):
+        return f"{netdev} ({subject_}) is no longer a netdev of {device.name}"
+    return None
 
 
 # The counter/rate keys link-flap reads of a port (the rates and, as evidence, the counters).

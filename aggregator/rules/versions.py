@@ -1,5 +1,9 @@
-"""Version rules: firmware skew against the same model in the node or the fleet, firmware
-below the policy's minimum, and kernel module (driver) versions differing across the fleet.
+"""Version rules: firmware skew within a group of like adapters (one model and PSID) in the
+node or the fleet, firmware below the policy's minimum, and driver stacks (versions with
+versions, inbox builds with builds) differing across the fleet.
+
+Skew reads as one story: one fleet-wide finding per group running several versions, with
+the count of each; a per-node finding only for the odd ones out of a majority.
 
 Pure. Versions compare numerically by dotted parts ("28.41.1000" > "28.9.2000").
 """
@@ -8,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final, cast
 
 from aggregator.rules.descriptor import SNAPSHOT, Rule, RuleInput
@@ -24,11 +29,8 @@ from aggregator.rules.fleetfacts import (
 )
 from aggregator.rules.peers import Facts, Peer, PeerRule, Vote
 from proto.inventory import Device
+from proto.policy import Policy
 
-# The modules of the RDMA path whose versions must agree across the fleet.
-DRIVER_MODULES: Final = (
-    "mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "nvidia", "nvidia_peermem", "nv_peer_mem",
-)  # fmt: skip
 _VERSION: Final = re.compile(r"^\d+(\.\d+)*\Z")
 
 
@@ -40,73 +42,177 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(part) for part in text.strip().split("."))
 
 
+def _fw_group(device: Device) -> Hashable:
+    """Adapters whose firmware must agree: one model (PCI device id) and one PSID (the
+    board id: OEM variants of a model ship their own firmware streams)."""
+    return ("fw", model_of(device), device.board_id)
+
+
 def _fw_tally(peer: Peer) -> Iterator[Vote]:
     snap = peer.record.snapshot
     for d in snap.devices if snap is not None else ():
         if d.fw_ver:
-            yield model_of(d), d.fw_ver
+            yield _fw_group(d), d.fw_ver
 
 
-def _fw_settle(counts: Mapping[Hashable, int]) -> Hashable:
-    # (fleet majority, versions seen, more than one adapter of the model). Not the count
-    # itself: a fact that moved with every joining node would re-judge the whole model.
-    return (
-        majority_of(counts),
-        ",".join(sorted(cast(str, v) for v in counts)),
-        sum(counts.values()) > 1,
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """A group's settled fact: its majority value (None: none has more than half) and
+    whether it holds more than one value — what `judge` reads, and all that equality and
+    hashing see. `counts` (value, count; most first) rides along for `conclude`: a count
+    that moves with every joining node must not re-judge every member of the group."""
+
+    usual: str | None
+    mixed: bool
+    counts: tuple[tuple[str, int], ...] = field(compare=False, default=())
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.counts)
+
+
+def settle_spread(counts: Mapping[Hashable, int]) -> Hashable:
+    return Spread(
+        usual=cast(str | None, majority_of(counts)),
+        mixed=len(counts) > 1,
+        counts=tuple(sorted(((cast(str, v), n) for v, n in counts.items()), key=_most_first)),
     )
 
 
+def _most_first(value_count: tuple[str, int]) -> tuple[int, int, tuple[int, ...], str]:
+    """Most adapters/nodes first; of equals, the newest dotted version, then by text."""
+    value, n = value_count
+    parsed = parse_version(value)
+    return -n, parsed is None, tuple(-part for part in parsed or ()), value
+
+
+def _others(n: int, noun: str) -> str:
+    """Like "the other adapter carries" or "the 3 other adapters each carry"."""
+    return f"the other {noun} carries" if n == 1 else f"the {n} other {noun}s each carry"
+
+
+def shown_counts(spread: Spread, noun: str, shown: Callable[[str], str] = str) -> str:
+    """Like "28.41.1000 on 97 adapters, 28.39.1002 on 3"."""
+    parts = [f"{shown(v)} on {n}" for v, n in spread.counts]
+    first_n = spread.counts[0][1] if spread.counts else 0
+    if parts:
+        parts[0] += f" {noun}{'' if first_n == 1 else 's'}"
+    return ", ".join(parts)
+
+
 def _fw_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
+    """Per adapter: off its node's majority for the model (when the node has one), else
+    off the fleet's majority (when there is one). Without a fleet majority the fleet-wide
+    finding (`_fw_conclude`) tells the story once; no adapter is "the odd one out"."""
     snap = peer.record.snapshot
     if snap is None:
         return []
-    # The node's adapters with a firmware version, by model (its votes, in device order).
-    node_fw: dict[str | None, list[str]] = {}
-    for model, fw in votes:
-        node_fw.setdefault(cast(str | None, model), []).append(cast(str, fw))
-    in_node: dict[str | None, str | None] = {}
+    # The node's adapters with a firmware version, by group (its votes, in device order).
+    node_fw: dict[Hashable, list[str]] = {}
+    for group, fw in votes:
+        node_fw.setdefault(group, []).append(cast(str, fw))
+    in_node: dict[Hashable, str | None] = {}
     found: list[Finding] = []
     for d in snap.devices:
         if not d.fw_ver:
             continue
-        model = model_of(d)
-        in_fleet, seen, several = cast(tuple[str | None, str, bool], facts[model])
-        if not several or (d.fw_ver == in_fleet and len(set(node_fw[model])) == 1):
-            continue  # as the fleet and every adapter of its model in the node: no skew
-        if model not in in_node:
-            in_node[model] = majority(node_fw[model])
-        node_usual = in_node[model]
+        group = _fw_group(d)
+        spread = cast(Spread, facts[group])
+        mine = node_fw[group]
+        if not spread.mixed and len(set(mine)) == 1:
+            continue  # as the fleet and every adapter of its group in the node: no skew
+        if group not in in_node:
+            in_node[group] = majority(mine)
+        node_usual = in_node[group]
         usual: str | None
-        if node_usual is not None and d.fw_ver != node_usual and len(node_fw[model]) > 1:
+        if node_usual is not None and d.fw_ver != node_usual and len(mine) > 1:
             scope, usual = "node", node_usual
-        elif d.fw_ver != in_fleet:
-            scope, usual = "fleet", in_fleet
+        elif spread.usual is not None and d.fw_ver != spread.usual:
+            scope, usual = "fleet", spread.usual
         else:
             continue
-        shown = f"the {scope}'s {usual}" if usual else f"the {scope}, which has no majority version"
+        where = "the node's other adapters of its model" if scope == "node" else (
+            "the fleet's majority of its model")  # fmt: skip
         found.append(
             Finding(
                 rule="fw-skew",
                 severity="warning",
                 node=peer.name,
                 subject=d.name,
-                message=f"{d.name} ({model_label(d)}) runs firmware {d.fw_ver}, unlike "
-                f"{shown}; flash the fleet's version (mlxfwmanager) so all "
-                "adapters of a model behave alike.",
+                message=f"{d.name} ({_fw_label(group)}) runs firmware {d.fw_ver}, unlike "
+                f"{where} ({usual}); flash {usual} (mlxfwmanager) so all adapters of a "
+                "model behave alike.",
                 evidence={
                     "fw_ver": d.fw_ver,
                     "majority_fw": usual,
                     "scope": scope,
                     "model": model_of(d),
-                    "versions_seen": seen,
+                    "psid": d.board_id,
                 },
             )
         )
     return found
 
 
-FW_SKEW: Final = PeerRule("fw-skew", _fw_tally, _fw_settle, _fw_judge)
+def _fw_label(group: Hashable) -> str:
+    """Like "ConnectX-7 (0x1021), PSID MT_0000000838"."""
+    _, model, psid = cast(tuple[str, str | None, str | None], group)
+    name = MODEL_NAMES.get(model or "")
+    label = "unknown model" if model is None else f"{name} ({model})" if name else model
+    return f"{label}, PSID {psid}" if psid else label
+
+
+def _fw_subject(group: Hashable) -> str:
+    _, model, psid = cast(tuple[str, str | None, str | None], group)
+    label = MODEL_NAMES.get(model or "") or model or "unknown-model"
+    return f"{label}/{psid}" if psid else label
+
+
+def _fw_conclude(policies: tuple[Policy, ...], facts: Facts) -> list[Finding]:
+    """One fleet-wide finding per adapter group running more than one version."""
+    found: list[Finding] = []
+    for group, fact in facts.items():
+        spread = cast(Spread, fact)
+        if not spread.mixed:
+            continue
+        _, model, psid = cast(tuple[str, str | None, str | None], group)
+        counts = shown_counts(spread, "adapter")
+        if spread.usual is None:
+            key = MODEL_NAMES.get(model or "") or model
+            advice = (
+                f"no version has a majority, so no adapter is the odd one out: choose one and "
+                f'pin it in a NicFleetPolicy (expect.minFirmware: {{"{key}": "<version>"}}); '
+                "fw-below-minimum then names every adapter to flash."
+            )
+        else:
+            odd = spread.total - dict(spread.counts)[spread.usual]
+            advice = (
+                f"{spread.usual} is the majority; {_others(odd, 'adapter')} a fw-skew "
+                f"finding on its node — flash {'it' if odd == 1 else 'them'} to "
+                f"{spread.usual} (mlxfwmanager)."
+            )
+        found.append(
+            Finding(
+                rule="fw-skew",
+                severity="warning",
+                node=None,
+                subject=_fw_subject(group),
+                message=f"Firmware of {_fw_label(group)} differs across the fleet "
+                f"({counts}): {advice}",
+                evidence={
+                    "model": model,
+                    "psid": psid,
+                    "majority_fw": spread.usual,
+                    "adapters": spread.total,
+                    "versions": ", ".join(f"{v}={n}" for v, n in spread.counts),
+                    "versions_seen": ",".join(sorted(v for v, _ in spread.counts)),
+                },
+            )
+        )
+    return sorted(found, key=lambda f: f.subject)
+
+
+FW_SKEW: Final = PeerRule("fw-skew", _fw_tally, settle_spread, _fw_judge, _fw_conclude)
 
 
 def _minimum_for(device: Device, minimums: Mapping[str, str]) -> tuple[str, str] | None:
@@ -153,55 +259,150 @@ def check_fw_below_minimum(given: RuleInput) -> list[Finding]:
     return found
 
 
-def _driver_tally(peer: Peer) -> Iterator[Vote]:
+# The driver stacks of the RDMA path: the modules of one stack ship (and are upgraded)
+# together, so a node's stack is one version set. The first module names the stack.
+DRIVER_STACKS: Final[tuple[tuple[str, ...], ...]] = (
+    ("mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs"),  # DOCA/MLNX_OFED, or the kernel's
+    ("nvidia", "nvidia_peermem"),  # the NVIDIA GPU driver
+    ("nv_peer_mem",),  # the legacy Mellanox peer-memory module
+)
+# The modules of the RDMA path whose versions must agree across the fleet.
+DRIVER_MODULES: Final = tuple(m for stack in DRIVER_STACKS for m in stack)
+VERSIONED, BUILD = "version", "srcversion"
+_SRC_SHOWN: Final = 8  # hex digits of a srcversion shown in messages
+
+
+def _stack_vote(peer: Peer, stack: tuple[str, ...]) -> Vote | None:
+    """(("driver", stack, kind), value): kind `version` when every loaded module of the
+    stack has a version (DOCA/MLNX_OFED, the NVIDIA driver), else `srcversion` (inbox
+    modules: only the build hash identifies them). Kinds are never compared with each
+    other: a version string and a build hash cannot be "older" or "newer"."""
     snap = peer.record.snapshot
     if snap is None:
-        return
-    for module in DRIVER_MODULES:
-        info = snap.modules.get(module)
-        if info is not None:
-            # Inbox modules have no version; their srcversion identifies the build.
-            label = info.version or (f"srcversion {info.srcversion}" if info.srcversion
-                                     else "inbox")  # fmt: skip
-            yield module, label
+        return None
+    loaded = [(m, snap.modules[m]) for m in stack if m in snap.modules]
+    if not loaded:
+        return None
+    if all(info.version for _, info in loaded):
+        versions = sorted({cast(str, info.version) for _, info in loaded})
+        value = versions[0] if len(versions) == 1 else ", ".join(
+            f"{m} {info.version}" for m, info in loaded)  # fmt: skip
+        return ("driver", stack[0], VERSIONED), value
+    return ("driver", stack[0], BUILD), "/".join(
+        f"{m}={info.srcversion or 'none'}" for m, info in loaded
+    )
 
 
-def _driver_settle(counts: Mapping[Hashable, int]) -> Hashable:
-    return ",".join(sorted(cast(str, v) for v in counts)), majority_of(counts)
+def _driver_tally(peer: Peer) -> Iterator[Vote]:
+    for stack in DRIVER_STACKS:
+        vote = _stack_vote(peer, stack)
+        if vote is not None:
+            yield vote
+
+
+def _shown_driver(value: str) -> str:
+    if "=" not in value:
+        return value
+    return "build " + "/".join(part.split("=", 1)[1][:_SRC_SHOWN] for part in value.split("/"))
+
+
+def _stack_name(group: Hashable) -> str:
+    _, lead, kind = cast(tuple[str, str, str], group)
+    stack = next(s for s in DRIVER_STACKS if s[0] == lead)
+    modules = "/".join(stack)
+    return f"{modules} ({'inbox, by srcversion' if kind == BUILD else 'by version'})"
 
 
 def _driver_judge(peer: Peer, votes: Sequence[Vote], facts: Facts) -> list[Finding]:
+    """A node off its stack's fleet majority (same kind); none without a majority."""
     found: list[Finding] = []
-    for module, label in votes:
-        seen, usual = cast(tuple[str, str | None], facts[module])
-        if "," not in seen or label == usual:
+    for group, value in votes:
+        spread = cast(Spread, facts[group])
+        if not spread.mixed or spread.usual is None or value == spread.usual:
             continue
+        _, lead, kind = cast(tuple[str, str, str], group)
+        here, usual = _shown_driver(cast(str, value)), _shown_driver(spread.usual)
         found.append(
             Finding(
                 rule="driver-skew",
                 severity="warning",
                 node=peer.name,
-                subject=cast(str, module),
-                message=f"Module {module} is {label} here but "
-                f"{usual or 'different'} on the rest of the fleet; install the fleet's "
-                "driver version (DOCA/MLNX_OFED or kernel) on this node.",
+                subject=lead,
+                message=f"Driver stack {_stack_name(group)} is {here} here but {usual} on "
+                f"most of the fleet (the fleet-wide driver-skew finding counts each version); "
+                f"install {usual} (DOCA/MLNX_OFED, NVIDIA driver or kernel) on this node.",
                 evidence={
-                    "module": cast(str, module),
-                    "version": cast(str, label),
-                    "fleet_version": usual,
-                    "versions_seen": seen,
+                    "module": lead,
+                    "kind": kind,
+                    "version": cast(str, value),
+                    "fleet_version": spread.usual,
                 },
             )
         )
     return found
 
 
-DRIVER_SKEW: Final = PeerRule("driver-skew", _driver_tally, _driver_settle, _driver_judge)
+def _driver_conclude(policies: tuple[Policy, ...], facts: Facts) -> list[Finding]:
+    """One fleet-wide finding per driver stack and kind running more than one version."""
+    found: list[Finding] = []
+    for group, fact in facts.items():
+        spread = cast(Spread, fact)
+        if not spread.mixed:
+            continue
+        _, lead, kind = cast(tuple[str, str, str], group)
+        other = facts.get(("driver", lead, VERSIONED if kind == BUILD else BUILD))
+        more = 0 if other is None else cast(Spread, other).total
+        aside = "" if not more else (
+            f"; {more} more node{'' if more == 1 else 's'} run the "
+            f"{'versioned' if kind == BUILD else 'inbox'} modules, compared among themselves"
+        )  # fmt: skip
+        if spread.usual is None:
+            advice = (
+                "no version has a majority, so no node is the odd one out: choose the "
+                "release to standardise on and roll it out to every node (no policy field "
+                "pins a driver version)."
+            )
+        else:
+            odd = spread.total - dict(spread.counts)[spread.usual]
+            advice = (
+                f"{_shown_driver(spread.usual)} is the majority; {_others(odd, 'node')} a "
+                "driver-skew finding — install that version there."
+            )
+        found.append(
+            Finding(
+                rule="driver-skew",
+                severity="warning",
+                node=None,
+                subject=f"{lead}/{kind}",
+                message=f"Driver stack {_stack_name(group)} differs across the fleet "
+                f"({shown_counts(spread, 'node', _shown_driver)}){aside}: {advice}",
+                evidence={
+                    "module": lead,
+                    "kind": kind,
+                    "fleet_version": spread.usual,
+                    "nodes": spread.total,
+                    "versions": ", ".join(f"{v}={n}" for v, n in spread.counts),
+                    "versions_seen": ",".join(sorted(v for v, _ in spread.counts)),
+                },
+            )
+        )
+    return sorted(found, key=lambda f: f.subject)
 
+
+DRIVER_SKEW: Final = PeerRule(
+    "driver-skew", _driver_tally, settle_spread, _driver_judge, _driver_conclude
+)
+
+
+# A fleet-wide story loses a vote for a moment when a node's partition changes hands
+# (sharded) or its agent restarts; skew never needs resolving within a minute.
+SKEW_RESOLVE_S: Final = 60.0
 
 RULES: Final[tuple[Rule, ...]] = (
-    Rule.of_peers(FW_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+    replace(Rule.of_peers(FW_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+            resolve_s=SKEW_RESOLVE_S),
     Rule(id="fw-below-minimum", family="versions", severity="critical",
          check=check_fw_below_minimum, reads=SNAPSHOT),
-    Rule.of_peers(DRIVER_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+    replace(Rule.of_peers(DRIVER_SKEW, family="versions", severity="warning", reads=SNAPSHOT),
+            resolve_s=SKEW_RESOLVE_S),
 )  # fmt: skip

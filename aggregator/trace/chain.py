@@ -1,10 +1,11 @@
 """The chain trace: why a node does (or does not) offer an RDMA resource, link by link.
 
 Pure: a function of the fleet records, the cluster view, the policies and `now`. Each link
-is `ok`, `broken` or `unknown` with its evidence; a broken one carries a one-sentence likely
-cause and fix. Host links live in `tracehost`; the device-plugin and Kubernetes links here;
-the last two, `pod-interface` (`podinterface`) and `tested-data-path` (`tested`), read the
-newest pair validation, passed in.
+is `ok`, `degraded` (it holds on fewer adapters, named), `broken` or `unknown` with its
+evidence; a broken or degraded one carries a one-sentence likely cause and fix, and the
+trace a verdict over them all (`verdict`). Host links live in `tracehost`; the
+device-plugin and Kubernetes links here; the last two, `pod-interface` (`podinterface`)
+and `tested-data-path` (`tested`), read the newest pair validation, passed in.
 `scheduling` (why a pod is not on a node) is in `scheduling`; what the cluster must run on
 the node, `components`, is a section of the trace beside the links (in `components`).
 """
@@ -17,6 +18,7 @@ from typing import Any, Final
 
 from aggregator.cluster import ClusterView, PodRequest, policies_by_node
 from aggregator.errors import AggregatorError
+from aggregator.fleet.adapterhistory import ResourcePeak
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.attachment import ATTACHMENT_LINK, attachment_link
 from aggregator.trace.components import components_link
@@ -29,6 +31,7 @@ from aggregator.trace.host import (
     check_rdma_device,
     compact,
     link_broken,
+    link_degraded,
     link_ok,
     link_unknown,
 )
@@ -37,6 +40,7 @@ from aggregator.trace.podinterface import POD_INTERFACE_LINK, pod_interface_link
 from aggregator.trace.resources import allocatable_count
 from aggregator.trace.scheduling import SCHEDULING_LINK, scheduling_link
 from aggregator.trace.tested import TESTED_LINK, data_path_link
+from aggregator.trace.verdict import verdict_of
 from proto.dpconfig import resource_full_name
 from proto.http import Link, Trace, ValidationRecord
 from proto.messages.config import ResourceConfig
@@ -112,10 +116,10 @@ def trace(
     )
     broken = next((i for i, link in enumerate(links) if link.status == "broken"), None)
     components = components_link(ctx)  # a section of its own: link indices stay stable
+    verdict, reason = verdict_of(links, components)
     return Trace(
-        node=node, resource=resource, checked_at=now,
-        ok=broken is None and components.status != "broken",
-        first_broken=broken, links=links, components=components,
+        node=node, resource=resource, checked_at=now, verdict=verdict, verdict_reason=reason,
+        ok=verdict == "ok", first_broken=broken, links=links, components=components,
     )  # fmt: skip
 
 
@@ -222,15 +226,59 @@ def _advertised(ctx: ChainContext) -> Link:
         return link_broken(
             name, cause, "fix the first broken link above; set rdmaHcaMax > 0", **evidence
         )
+    why = "; ".join(f"{a}: {r}" for a, r in sorted(status.unhealthy.items())) or "unknown"
     if status.healthy == 0:
-        why = "; ".join(f"{a}: {r}" for a, r in sorted(status.unhealthy.items())) or "unknown"
         return link_broken(
             name,
             f"all {status.advertised} devices are unhealthy ({why})",
             "remove what makes the adapters unhealthy (the links above show which)",
             **evidence,
         )
+    fix = "remove what makes those adapters unhealthy (the links above show which)"
+    if status.healthy < status.advertised:
+        cause = f"{status.healthy} of {status.advertised} devices healthy ({why})"
+        return link_degraded(name, cause, fix, sorted(status.unhealthy), **evidence)
+    if status.unhealthy:  # shared: every device ID stays healthy while one adapter is
+        cause = (
+            f"{len(status.unhealthy)} of {len(status.devices)} selected adapters unhealthy "
+            f"({why}); the {status.advertised} shared devices run on the others"
+        )
+        return link_degraded(name, cause, fix, sorted(status.unhealthy), **evidence)
+    lost = _lost_since_peak(ctx, status)
+    if lost is not None:
+        peak, dropped = lost
+        evidence |= {"highest": peak.advertised, "most_adapters": len(peak.devices)}
+        return link_degraded(
+            name,
+            f"{status.advertised} advertised over {_adapters(len(status.devices))}, down "
+            f"from {peak.advertised} over {_adapters(len(peak.devices))} since the agent "
+            f"started (same config): {', '.join(dropped) or 'an adapter'} no longer served",
+            "see the adapter-lost finding: bring the adapter back (dmesg, lspci, driver "
+            "reload, reset), or restart the agent to accept the node as it is",
+            dropped,
+            **evidence,
+        )
     return link_ok(name, **evidence)
+
+
+def _adapters(count: int) -> str:
+    return f"{count} adapter{'' if count == 1 else 's'}"
+
+
+def _lost_since_peak(
+    ctx: ChainContext, status: ResourceStatus
+) -> tuple[ResourcePeak, list[str]] | None:
+    """The resource's peak under this config generation and the adapters served then but
+    not now, when it offers less (aggregator.fleet.adapterhistory)."""
+    record = ctx.record
+    history = record.adapters if record is not None else None
+    plugin = record.device_plugin if record is not None else None
+    peak = history.peaks.get(status.name) if history is not None else None
+    if peak is None or plugin is None or peak.config_generation != plugin.config_generation:
+        return None
+    if status.advertised >= peak.advertised and len(status.devices) >= len(peak.devices):
+        return None
+    return peak, sorted(set(peak.devices) - set(status.devices))
 
 
 def _allocatable(ctx: ChainContext) -> Link:
@@ -246,7 +294,21 @@ def _allocatable(ctx: ChainContext) -> Link:
         )
     raw = node.allocatable.get(ctx.resource)
     evidence: dict[str, Any] = {"allocatable": raw, "capacity": node.capacity.get(ctx.resource)}
-    if (allocatable_count(raw) or 0) > 0:
+    count = allocatable_count(raw) or 0
+    capacity = allocatable_count(node.capacity.get(ctx.resource))
+    if count > 0 and capacity is not None and count < capacity:
+        # The kubelet subtracts the plugin's unhealthy devices from capacity.
+        unhealthy = sorted(ctx.status.unhealthy) if ctx.status is not None else []
+        return link_degraded(
+            name,
+            f"the kubelet offers {count} of {capacity} {ctx.resource}: it counts only the "
+            "plugin's healthy devices"
+            + (f" ({', '.join(unhealthy)} unhealthy)" if unhealthy else ""),
+            "fix the degraded links above; the kubelet follows the plugin",
+            unhealthy,
+            **evidence,
+        )
+    if count > 0:
         return link_ok(name, **evidence)
     # The kubelet's allocatable counts the plugin's *healthy* devices only.
     healthy = ctx.status.healthy if ctx.status is not None else 0

@@ -1,7 +1,8 @@
 """The chain's first link, `components`: what the rest of the chain needs from the cluster
 on this node — Node conditions (Ready, NetworkUnavailable, node-problem-detector's), the
 DaemonSets of the driver, Multus, NV-IPAM, whereabouts and CNI plugins with a ready pod
-here, no upstream k8s-rdma-shared-dev-plugin beside nicfleet's, and the NicClusterPolicy's
+here wherever their controller would run one (`aggregator.placement`), no upstream
+k8s-rdma-shared-dev-plugin beside nicfleet's, and the NicClusterPolicy's
 `status.state`/`appliedStates`.
 
 Pure: a function of the chain context (the cluster view holds what the API server said);
@@ -16,6 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from aggregator.cluster import ClusterNode, DaemonSetState, NodeCondition, OperatorStatus
+from aggregator.placement import Fit, daemon_fit
 from aggregator.trace.host import ChainContext, link_broken, link_ok, link_unknown
 from proto.http import Link
 
@@ -112,17 +114,32 @@ def daemonset_problems(
                     )
                 )
             continue
-        if not _selects(ds, node) or node.name in ds.ready_nodes:
+        fit = _fit(ds, node)
+        if node.name in ds.ready_nodes or not fit.selected:
+            continue  # ready here, or not meant for the node (another OS's driver, say)
+        if not fit.runs and node.name not in ds.unready_nodes:  # a pod there predates the taint
+            found.append(
+                (
+                    f"{what} is meant for {node.name} but {fit.why}, so the controller "
+                    "runs no pod there",
+                    f"add a toleration for {fit.taints[0]} to the DaemonSet (for the Network "
+                    "Operator's: the NicClusterPolicy's tolerations) or remove the taint "
+                    f"(kubectl taint node {node.name} {fit.taints[0]}-)",
+                )
+            )
             continue
         counts = f"{ds.ready}/{ds.desired} ready cluster-wide"
         if node.name in ds.unready_nodes:
             cause = f"the pod of {what} on {node.name} is not Ready ({counts})"
             fix = f"read that pod's events and log ({where})"
         else:
+            # It should run here by its selector, affinity and tolerations: the controller
+            # has not created the pod, or the pod was deleted (kubelet admission, eviction).
             cause = f"{what} has no pod on {node.name} ({counts})"
             fix = (
-                f"check the DaemonSet's tolerations and affinity against {node.name}'s taints "
-                f"and labels (kubectl -n {ds.namespace} describe daemonset {ds.name})"
+                f"read the DaemonSet's events (kubectl -n {ds.namespace} describe daemonset "
+                f"{ds.name}) and the node's capacity for its pod (kubectl describe node "
+                f"{node.name})"
             )
         found.append((cause, fix))
     return found
@@ -145,15 +162,21 @@ def operator_problems(operator: OperatorStatus | None) -> list[Problem]:
     ]
 
 
-def _selects(ds: DaemonSetState, node: ClusterNode) -> bool:
-    """The template's nodeSelector matches the node (affinity and taints are the
-    scheduler's: a pod missing for those reasons shows as 'no pod on the node')."""
-    return all(node.labels.get(k) == v for k, v in ds.node_selector.items())
+def _fit(ds: DaemonSetState, node: ClusterNode) -> Fit:
+    """Whether the DaemonSet controller runs a pod of `ds` on the node: its template's
+    nodeName, nodeSelector and required node affinity, and the node's NoSchedule/NoExecute
+    taints against its tolerations plus the controller's own."""
+    return daemon_fit(
+        node_name=node.name, labels=node.labels, taints=node.taints,
+        template_node=ds.template_node, node_selector=ds.node_selector,
+        affinity=ds.affinity, tolerations=ds.tolerations, host_network=ds.host_network,
+    )  # fmt: skip
 
 
 def _daemonset_evidence(
     ds: DaemonSetState, node: ClusterNode, nodes: Mapping[str, ClusterNode]
 ) -> dict[str, Any]:
+    fit = _fit(ds, node)
     here = (
         "ready"
         if node.name in ds.ready_nodes
@@ -168,11 +191,12 @@ def _daemonset_evidence(
         "ready": ds.ready,
         "available": ds.available,
         "updated": ds.updated,
-        "selects_node": _selects(ds, node),
+        "selects_node": fit.runs,
+        **({"not_here": fit.why} if not fit.runs else {}),
         "pod_here": here,
-        # Which nodes lack it: selected by its nodeSelector, no Ready pod there.
+        # Which nodes lack it: where the controller would run it, no Ready pod there.
         "nodes_lacking": sorted(
-            n.name for n in nodes.values() if _selects(ds, n) and n.name not in ds.ready_nodes
+            n.name for n in nodes.values() if n.name not in ds.ready_nodes and _fit(ds, n).runs
         ),
     }
 

@@ -15,6 +15,7 @@ import msgspec
 from aggregator.cluster import ClusterView, PodRequest
 from aggregator.fleet.state import NodeRecord
 from aggregator.fleet.views import node_state
+from aggregator.trace.verdict import DEGRADED_ADAPTERS
 from proto.http import Link
 from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, NodeSnapshot
@@ -61,6 +62,12 @@ def link_ok(name: str, **evidence: Any) -> Link:
 
 def link_unknown(name: str, **evidence: Any) -> Link:
     return Link(name=name, status="unknown", evidence=evidence)
+
+
+def link_degraded(name: str, cause: str, fix: str, adapters: list[str], **evidence: Any) -> Link:
+    """The link holds with reduced capacity; `adapters` (RDMA devices) reduce it."""
+    evidence = {**evidence, DEGRADED_ADAPTERS: adapters}
+    return Link(name=name, status="degraded", evidence=evidence, cause=cause, fix=fix)
 
 
 def link_broken(name: str, cause: str, fix: str, **evidence: Any) -> Link:
@@ -232,9 +239,13 @@ def check_rdma_device(ctx: ChainContext) -> Link:
     ]
     down = [d for d in ctx.selected if d.name not in up]
     evidence: dict[str, Any] = {"ports": ports, "adapters_up": up}
-    if up:
-        return link_ok(name, adapters_down=[d.name for d in down], **evidence)
+    if not down:
+        return link_ok(name, adapters_down=[], **evidence)
     cause, fix = _port_cause(down)
+    if up:  # the resource still works, on fewer adapters
+        names = [d.name for d in down]
+        cause = f"{len(up)} of {len(ctx.selected)} selected adapters up; {cause}"
+        return link_degraded(name, cause, fix, names, adapters_down=names, **evidence)
     return link_broken(name, cause, fix, **evidence)
 
 

@@ -1,10 +1,11 @@
 """The `ip-pool` link: the IPAM of every NetworkAttachmentDefinition the chain uses still has
-an address for a pod on the node — NV-IPAM IPPool/CIDRPool per-node blocks, whereabouts
-ranges — before pods fail with "no free IP"; host-local is reported as not observable.
+an address for a pod on the node — NV-IPAM IPPool/CIDRPool per-node blocks (of the pools
+whose nodeSelector selects the node), whereabouts ranges and Fast-IPAM node slices — before
+pods fail with "no free IP"; host-local is reported as not observable.
 
 Pure: the counting is `aggregator.podnetworks` (shared with the `ip-pool-*` rules). NV-IPAM
-keeps a node's allocations on the node: "used" is the addresses of the node's block held by
-the network-status of the pods the aggregator lists (those requesting RDMA resources).
+keeps a node's reservations on the node: "used" is a lower bound, the block's addresses in
+the network-status of every unfinished pod on the node (evidence `counted`).
 """
 
 from __future__ import annotations
@@ -46,18 +47,32 @@ def ip_pool_link(ctx: ChainContext) -> Link:
                 "the NAD's ipam section",
                 **evidence,
             )
-        if pool.state in ("no-block", "exhausted"):
-            where = f"block {pool.block} of {ctx.node}" if pool.block else "the range"
-            detail = pool.detail if pool.state == "no-block" else (
-                f"{pool.pool or pool.nad}: {where} has 0 of {pool.capacity} addresses free"
-            )  # fmt: skip
+        if pool.state in podnetworks.NO_ADDRESS_STATES:
             return link_broken(
                 name,
-                f'{detail}: the next pod of {pool.nad} here fails with "no free IP"',
-                "enlarge the pool (perNodeBlockSize / perNodeNetworkPrefix / range), free "
-                "addresses (delete finished pods) or add a pool",
+                f"{pool.detail}: the next pod of {pool.nad} here gets no address",
+                _REMEDY[pool.state],
+                **evidence,
+            )
+        if pool.state == "exhausted":
+            where = f"block {pool.block} of {ctx.node}" if pool.block else "the range"
+            return link_broken(
+                name,
+                f"{pool.pool or pool.nad}: {where} has 0 of {pool.capacity} addresses free: "
+                f'the next pod of {pool.nad} here fails with "no free IP"',
+                _REMEDY["exhausted"],
                 **evidence,
             )
     if all(p.state == "not-observable" for p in pools):
         return link_unknown(name, reason="; ".join(sorted({p.detail for p in pools})), **evidence)
     return link_ok(name, **evidence)
+
+
+_REMEDY: Final = {
+    "exhausted": "enlarge the pool (perNodeBlockSize / perNodeNetworkPrefix / range / "
+    "node_slice_size), free addresses (delete pods that no longer need them) or add a pool",
+    "no-block": "enlarge the pool (more blocks or slices) or free a block held by a node that left",
+    "not-selected": "select the node in the pool's spec.nodeSelector, or give the NAD a "
+    "pool that selects it",
+    "invalid": "fix the pool's configuration (or the NAD's ipam section) as the cause says",
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aggregator.cluster import ClusterView, policies_by_node
+from aggregator.fleet.servable import Unusable, unusable
 from aggregator.fleet.state import NodeRecord
 from aggregator.fleet.views import node_state
 from proto.dpconfig import resource_full_name
@@ -31,6 +32,8 @@ def summarize_resources(
     """One summary per resource name, sorted; `node`/`name` narrow the result."""
     selecting = policies_by_node(policies, fleet.keys(), cluster)
     rows: dict[str, list[ResourceOnNode]] = {}
+    # resource -> node -> why unusable: resource-zero's own definition (fleet.servable).
+    why: dict[str, dict[str, Unusable]] = {}
     for node_name in sorted({*fleet, *selecting}):
         if node is not None and node_name != node:
             continue
@@ -38,7 +41,10 @@ def summarize_resources(
         for row_name, row in _rows(node_name, record, selecting, cluster, now, stale_after):
             if name is None or row_name == name:
                 rows.setdefault(row_name, []).append(row)
-    return tuple(_summary(n, tuple(rows[n]), cluster.present) for n in sorted(rows))
+                reason = unusable(record.device_plugin if record else None, row_name)
+                if reason is not None:
+                    why.setdefault(row_name, {})[node_name] = reason
+    return tuple(_summary(n, tuple(rows[n]), why.get(n, {}), cluster.present) for n in sorted(rows))
 
 
 def _rows(
@@ -89,7 +95,9 @@ def allocatable_count(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _summary(name: str, rows: tuple[ResourceOnNode, ...], cluster: bool) -> ResourceSummary:
+def _summary(
+    name: str, rows: tuple[ResourceOnNode, ...], why: Mapping[str, Unusable], cluster: bool
+) -> ResourceSummary:
     live = [r for r in rows if r.state != "stale"]
     return ResourceSummary(
         name=name,
@@ -98,8 +106,8 @@ def _summary(name: str, rows: tuple[ResourceOnNode, ...], cluster: bool) -> Reso
         capacity=sum(r.advertised or 0 for r in live),
         healthy=sum(r.healthy or 0 for r in live),
         allocatable=sum(r.allocatable or 0 for r in rows) if cluster else None,
-        zero_nodes=tuple(r.node for r in live if not r.advertised),
-        unhealthy_nodes=tuple(r.node for r in live if r.advertised and not r.healthy),
+        zero_nodes=tuple(n for n, w in why.items() if w != "no-healthy"),
+        unhealthy_nodes=tuple(n for n, w in why.items() if w == "no-healthy"),
         stale_nodes=tuple(r.node for r in rows if r.state == "stale"),
         nodes=rows,
     )

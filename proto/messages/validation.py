@@ -73,6 +73,19 @@ class GidMatch(Base, frozen=True, kw_only=True):
     interface: str | None = None  # the pod interface it matches, None: none
 
 
+class SriovEnvEvidence(Base, frozen=True, kw_only=True):
+    """One `PCIDEVICE_<RESOURCE>` variable the SR-IOV network device plugin injected."""
+
+    variable: str  # e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA
+    device_ids: tuple[str, ...] = ()  # as written: PCI functions, or auxiliary devices (SFs)
+    pci_addresses: tuple[str, ...] = ()  # the device IDs that are PCI functions
+    # From `<variable>_INFO`: an RDMA allocation (an rdma entry for a device); None: no _INFO
+    rdma: bool | None = None
+    rdma_devices: tuple[str, ...] = ()  # the _INFO's rdma_dev names
+    missing_pci_addresses: tuple[str, ...] = ()  # RDMA allocation, no visible device has it
+    info_error: str | None = None  # `<variable>_INFO` present but unreadable
+
+
 class InjectedEvidence(Base, frozen=True, kw_only=True):
     """What the device plugin injected (env) against what the pod can see."""
 
@@ -84,6 +97,7 @@ class InjectedEvidence(Base, frozen=True, kw_only=True):
     matches: bool | None = None  # None when nothing was injected
     pci_addresses: tuple[str, ...] | None = None  # NICFLEET_PCI_ADDRESSES; None: not set
     missing_pci_addresses: tuple[str, ...] = ()  # injected, no visible RDMA device has it
+    sriov: tuple[SriovEnvEvidence, ...] = ()  # the SR-IOV device plugin's PCIDEVICE_* env
 
 
 class AttachmentEvidence(Base, frozen=True, kw_only=True):

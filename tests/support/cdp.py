@@ -82,6 +82,19 @@ class Page:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what or expression}")
             await asyncio.sleep(0.05)
 
+    async def set_viewport(self, width: int, height: int) -> None:
+        """Resize the page's viewport (as a resized window would), then let it lay out."""
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        await self.evaluate(
+            "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        )
+
     async def type_text(self, selector: str, text: str) -> None:
         """Focus `selector` and type `text` as keyboard input."""
         await self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
@@ -167,13 +180,7 @@ class Browser:
         self.pages[page.session_id] = page
         await page.send("Runtime.enable")
         await page.send("Page.enable")
-        await page.send(
-            "Emulation.setDeviceMetricsOverride",
-            width=width,
-            height=height,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
+        await page.set_viewport(width, height)
         return page
 
 

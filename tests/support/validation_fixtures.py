@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from aggregator.api.app import ApiSettings, build_app
 from aggregator.api.auth import ApiAuth
 from aggregator.api.validations import add_validation_routes
-from aggregator.cluster import NO_CLUSTER
+from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet.state import Fleet
 from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.validations.record import ID_LABEL, ROLE_LABEL, ValidationSettings
@@ -187,6 +187,7 @@ async def validation_stack(
     auth: ApiAuth | None = None,
     pods_api: bool = True,  # False: creating pods is forbidden (no RBAC rule)
     with_template: bool = True,
+    cluster: ClusterView | None = None,  # what the API's trace routes see (default: none)
 ) -> AsyncIterator[Stack]:
     emulator = kmock.KubernetesEmulator() if pods_api else _PodsForbidden()
     emulator.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
@@ -215,6 +216,7 @@ async def validation_stack(
             metrics=registry,
             latest_validation=store.latest_for,
             auth=auth,
+            cluster_source=None if cluster is None else (lambda: cluster),
         )
         add_validation_routes(app, runner=runner, fleet=fleet, cluster=lambda: NO_CLUSTER)
         app_runner = web.AppRunner(app, access_log=None)

@@ -41,6 +41,62 @@ export function link(parts, ...children) {
   return h("a", { href }, ...children);
 }
 
+/** A link to one resource's trace: `#/trace/NODE/RESOURCE`, the resource's '/' kept as
+ * is (`#/trace/node-a/rdma/ib`), so the address reads the way people type it. */
+export function traceLink(node, resource, ...children) {
+  return link(["trace", node, ...String(resource).split("/")], ...children);
+}
+
+// Where text may wrap. Chromium breaks after any hyphen, so "port-down" or "gpu-ib-01"
+// split mid-word in a narrow column; names instead break only after '.', '_', '/', ':' or
+// ',' (NATS subjects, PCI addresses, device, module and resource names) and at spaces. A
+// run longer than LONG with none of those (a srcversion hash) may break anywhere.
+const BREAK_AFTER = /(?<=[._/:,])(?=[^._/:,])/;
+const LONG = 24;
+
+function pieces(text, makeRun, shortest = 0) {
+  const out = [];
+  for (const word of String(text ?? "").split(/(\s+)/)) {
+    if (word === "" || /^\s+$/.test(word)) {
+      if (word) out.push(word);
+      continue;
+    }
+    (word.length > shortest ? word.split(BREAK_AFTER) : [word]).forEach((run, index) => {
+      if (index > 0) out.push(document.createElement("wbr"));
+      out.push(makeRun(run));
+    });
+  }
+  return out;
+}
+
+/** A name or subject: never wraps at a hyphen, only at the points above, and only when
+ * longer than a device or port name ("mlx5_1/1" and "0000:cb:00.0" stay whole). */
+export function token(text) {
+  return h("span", { class: "name" },
+    pieces(text, (run) => h("span", { class: run.length > LONG ? "run long" : "run" }, run), 12));
+}
+
+/** A sentence: wraps at spaces as usual, and inside the long names it mentions (a
+ * short one like "22.38.1002" moves to the next line whole). */
+export function prose(text) {
+  return h("span", { class: "prose" },
+    pieces(text, (run) => (run.length > LONG ? h("span", { class: "long" }, run) : run), 16));
+}
+
+/**
+ * Mark the items of a wrapping flex list that start a row (`data-row-start`), so the
+ * arrow drawn before each item shows only between neighbours on one row: CSS cannot
+ * tell where a flex line wrapped. Call it after layout and on resize.
+ */
+export function markRowStarts(list) {
+  let top = null;
+  for (const item of list.children) {
+    const starts = top === null || item.offsetTop > top + 1;
+    if (starts) top = item.offsetTop;
+    item.toggleAttribute("data-row-start", starts);
+  }
+}
+
 /** Inline SVG polyline of `values` (numbers), scaled to its own maximum. */
 export function sparkline(values, { width = 120, height = 22, label = "", series = "" } = {}) {
   const svg = document.createElementNS(SVG_NS, "svg");
@@ -67,13 +123,14 @@ export function sparkline(values, { width = 120, height = 22, label = "", series
   return svg;
 }
 
+/** A table in a box that scrolls sideways, so it can never push out of its card. */
 export function table(headers, rows, attrs = {}) {
-  return h(
+  return h("div", { class: "table-box" }, h(
     "table",
     { class: "grid", ...attrs },
     h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
     h("tbody", {}, rows),
-  );
+  ));
 }
 
 export function fmtRate(bytesPerSecond) {

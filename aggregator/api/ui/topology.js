@@ -1,6 +1,8 @@
 // The GPU x NIC heatmap of one snapshot, like `nvidia-smi topo -m`: GPUs numbered in
-// PCI address order (the snapshot's order), relations as text and color, and each GPU's
-// best NIC marked (the closest NIC with an ACTIVE port; rate breaks ties).
+// PCI address order (the snapshot's order), relations as text and color, NICs without an
+// ACTIVE port marked down, and each GPU's best NIC starred. `bestNics` is the twin of
+// aggregator/ctl/bestnic.py (what `nicfleetctl topology` marks); a test runs both on the
+// same snapshots, so change them together.
 
 import { h } from "./dom.js";
 
@@ -15,10 +17,15 @@ const LEGEND = {
   SYS: "across the inter-socket link",
 };
 
+// Closest first, X (the GPU itself) included: the rank bestnic.py's relation_rank gives.
+const ORDER = ["X", ...RELATIONS];
+// A port that passes traffic (proto/ibta.py ACTIVE_STATES).
+const ACTIVE_STATES = ["ACTIVE", "ACTIVE_DEFER"];
+
 function rank(relation) {
   if (/^NV\d+$/.test(relation)) return -1;
-  const index = RELATIONS.indexOf(relation);
-  return index < 0 ? RELATIONS.length : index;
+  const index = ORDER.indexOf(relation);
+  return index < 0 ? ORDER.length : index;
 }
 
 function relationClass(relation) {
@@ -29,17 +36,23 @@ function relationClass(relation) {
 function nicFacts(snapshot) {
   const facts = new Map();
   for (const device of snapshot.devices ?? []) {
-    const ports = device.ports ?? [];
+    const active = (device.ports ?? []).filter((p) => ACTIVE_STATES.includes(p.state));
     facts.set(String(device.name), {
-      active: ports.some((p) => p.state === "ACTIVE"),
-      rate: Math.max(0, ...ports.map((p) => Number(p.rate_gbps) || 0)),
+      active: active.length > 0,
+      rate: Math.max(0, ...active.map((p) => Number(p.rate_gbps) || 0)),
       numa: device.numa_node,
     });
   }
   return facts;
 }
 
-/** GPU pci address -> best NIC name (or absent when the GPU has no relations). */
+function byName(a, b) {
+  return a.nic < b.nic ? -1 : a.nic > b.nic ? 1 : 0;
+}
+
+/** GPU pci address -> best NIC name: among the NICs with an ACTIVE port, the closest
+ * relation, then the fastest ACTIVE port, then the name. Absent when every related NIC is
+ * down (or the GPU has no relations). */
 export function bestNics(snapshot) {
   const facts = nicFacts(snapshot);
   const byGpu = new Map();
@@ -50,12 +63,13 @@ export function bestNics(snapshot) {
   }
   const best = new Map();
   for (const [gpu, list] of byGpu) {
-    const anyActive = list.some((c) => facts.get(c.nic)?.active);
-    const candidates = anyActive ? list.filter((c) => facts.get(c.nic)?.active) : list;
+    const candidates = list.filter((c) => facts.get(c.nic)?.active);
+    if (candidates.length === 0) continue;
     candidates.sort(
       (a, b) =>
         rank(a.relation) - rank(b.relation) ||
-        (facts.get(b.nic)?.rate ?? 0) - (facts.get(a.nic)?.rate ?? 0),
+        (facts.get(b.nic)?.rate ?? 0) - (facts.get(a.nic)?.rate ?? 0) ||
+        byName(a, b),
     );
     best.set(gpu, candidates[0].nic);
   }
@@ -74,9 +88,11 @@ export function topologyView(snapshot) {
   const facts = nicFacts(snapshot);
   const best = bestNics(snapshot);
   const gpus = snapshot.gpus ?? [];
-  const header = h("tr", {}, h("th", {}, ""), nics.map((nic) =>
-    h("th", { scope: "col", class: facts.get(nic)?.active ? "" : "down", title: facts.get(nic)?.active ? nic : `${nic}: no ACTIVE port` }, nic),
-  ));
+  const header = h("tr", {}, h("th", {}, ""), nics.map((nic) => {
+    const up = facts.get(nic)?.active;
+    return h("th", { scope: "col", class: up ? "" : "down", "data-down": !up, title: up ? nic : `${nic}: no ACTIVE port, never a best NIC` },
+      nic, up ? null : h("span", { class: "sub" }, "down"));
+  }));
   const rows = gpus.map((gpu, index) => {
     const label = `GPU${index}`;
     const address = String(gpu.pci_address);
@@ -106,7 +122,8 @@ export function topologyView(snapshot) {
   });
   const legend = h("p", { class: "legend" },
     RELATIONS.map((r) => h("span", { class: `chip ${relationClass(r)}`, title: LEGEND[r] }, r)),
-    h("span", { class: "chip best" }, "★ best NIC: closest with an ACTIVE port"));
+    h("span", { class: "chip best" }, "★ best NIC: closest with an ACTIVE port (then fastest, then name)"),
+    h("span", { class: "chip" }, "down: no ACTIVE port"));
   return h("div", { class: "scroll" },
     h("table", { id: "topology", class: "heatmap" }, h("thead", {}, header), h("tbody", {}, rows)),
     legend);

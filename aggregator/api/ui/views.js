@@ -2,7 +2,7 @@
 // it shows and returns a DOM tree; the router re-runs it on a timer.
 
 import { ApiError, getAllJSON, getJSON } from "./api.js";
-import { fmtAge, fmtRate, fmtTime, h, link, sparkline, table } from "./dom.js";
+import { fmtAge, fmtRate, fmtTime, h, link, prose, sparkline, table, token, traceLink } from "./dom.js";
 import { topologyView } from "./topology.js";
 
 const SEVERITIES = ["critical", "warning", "info"];
@@ -50,9 +50,12 @@ function findingCounts(findings) {
   return counts;
 }
 
+/** The node's findings per severity in one cell ("3 · 8 · 0"), so the table fits a
+ * narrow window; each count colored and titled with its severity. */
 function countCells(entry) {
-  return SEVERITIES.map((s) =>
-    h("td", { class: `num ${entry && entry[s] ? s : "zero"}`, "data-severity": s }, entry ? entry[s] : 0));
+  return h("td", { class: "num counts" }, SEVERITIES.map((s, index) => [index ? " · " : "",
+    h("span", { class: entry && entry[s] ? s : "zero", "data-severity": s, title: `${entry ? entry[s] : 0} ${s}` },
+      entry ? entry[s] : 0)]));
 }
 
 export async function loadFleet() {
@@ -64,12 +67,12 @@ export async function loadFleet() {
   const counts = findingCounts(findings);
   const rows = nodes.items.map((n) =>
     h("tr", { "data-node": n.name, "data-state": n.state },
-      h("td", {}, link(["node", n.name], n.name)),
+      h("td", {}, link(["node", n.name], token(n.name))),
       h("td", {}, stateBadge(n.state)),
       h("td", { class: "num" }, n.gpus),
       h("td", { class: "num" }, n.devices),
       h("td", { class: "num" }, `${n.ports_active}/${n.ports_total}`),
-      h("td", { class: n.ports_down.length ? "bad" : "" }, n.ports_down.join(", ") || "—"),
+      h("td", { class: n.ports_down.length ? "bad" : "" }, token(n.ports_down.join(", ") || "—")),
       h("td", { class: "num" }, n.max_rate_gbps === null ? "–" : `${n.max_rate_gbps} Gb/s`),
       countCells(counts.get(n.name)),
       h("td", { class: "num" }, fmtAge(n.age_s)),
@@ -77,19 +80,19 @@ export async function loadFleet() {
   const fleetWide = counts.get("_fleet");
   const resourceRows = resources.items.map((r) =>
     h("tr", { "data-resource": r.name },
-      h("td", {}, r.name),
+      h("td", {}, token(r.name)),
       h("td", { class: "num" }, `${r.nodes_advertising}/${r.nodes_selected}`),
       h("td", { class: "num" }, r.capacity),
       h("td", { class: "num" }, r.healthy),
       h("td", { class: "num" }, r.allocatable ?? "–"),
-      h("td", {}, r.nodes.map((n) => [link(["trace", n.node, r.name], n.node), " "])),
+      h("td", {}, r.nodes.map((n) => [traceLink(n.node, r.name, token(n.node)), " "])),
     ));
   return h("section", {},
     h("h1", {}, "Fleet ", h("span", { class: "count" }, nodes.total)),
     nodes.items.length === 0
       ? h("p", { class: "muted", id: "fleet-empty" }, "No nodes yet: no agent has reported to this aggregator.")
       : null,
-    table(["node", "state", "GPUs", "NICs", "ports up", "ports down", "max rate", "critical", "warning", "info", "last seen"],
+    table(["node", "state", "GPUs", "NICs", "ports up", "ports down", "max rate", "findings: critical · warning · info", "last seen"],
       rows, { id: "fleet" }),
     fleetWide ? h("p", {}, `Fleet-wide findings: ${fleetWide.critical} critical, ${fleetWide.warning} warning, ${fleetWide.info} info.`) : null,
     h("h2", {}, "Resources"),
@@ -143,8 +146,8 @@ function portsView(snapshot, entry) {
       const last = ring[ring.length - 1];
       const netdevs = (device.interfaces ?? []).filter((i) => i.port === port.port).map((i) => i.name);
       rows.push(h("tr", { "data-port": key, "data-state": port.state },
-        h("td", {}, key),
-        h("td", {}, netdevs.join(", ") || (device.netdevs ?? []).join(", ") || "–"),
+        h("td", {}, token(key)),
+        h("td", {}, token(netdevs.join(", ") || (device.netdevs ?? []).join(", ") || "–")),
         h("td", {}, port.link_layer),
         h("td", {}, stateBadge(port.state)),
         h("td", {}, port.phys_state ?? "–"),
@@ -165,13 +168,13 @@ function pluginView(node, plugin) {
   if (!plugin) return h("p", { class: "muted", id: "plugin-empty" }, "The agent reports no device plugin.");
   const rows = (plugin.resources ?? []).map((r) =>
     h("tr", { "data-resource": r.name },
-      h("td", {}, link(["trace", node, r.name], r.name)),
+      h("td", {}, traceLink(node, r.name, token(r.name))),
       h("td", { class: "num" }, r.advertised),
       h("td", { class: `num ${r.healthy > 0 ? "" : "bad"}` }, r.healthy),
-      h("td", {}, (r.devices ?? []).join(", ") || "–"),
+      h("td", {}, token((r.devices ?? []).join(", ") || "–")),
       h("td", {}, stateBadge(r.registration === "registered" ? "ok" : r.registration)),
-      h("td", {}, [...Object.entries(r.unhealthy ?? {}), ...Object.entries(r.excluded ?? {})]
-        .map(([dev, why]) => `${dev}: ${why}`).join("; ") || "–"),
+      h("td", {}, prose([...Object.entries(r.unhealthy ?? {}), ...Object.entries(r.excluded ?? {})]
+        .map(([dev, why]) => `${dev}: ${why}`).join("; ") || "–")),
     ));
   return h("div", {},
     h("p", {}, `Config generation ${plugin.config_generation}; registered: ${plugin.registered ? "yes" : "no"}.`),
@@ -184,7 +187,7 @@ function findingsView(findings) {
   return table(["severity", "rule", "subject", "message"], findings.items.map((f) =>
     h("tr", { "data-rule": f.rule },
       h("td", {}, h("span", { class: `badge ${f.severity}` }, f.severity)),
-      h("td", {}, f.rule), h("td", {}, f.subject), h("td", {}, f.message))), { id: "findings" });
+      h("td", {}, token(f.rule)), h("td", {}, token(f.subject)), h("td", {}, prose(f.message)))), { id: "findings" });
 }
 
 export async function loadNode(name) {
@@ -197,7 +200,7 @@ export async function loadNode(name) {
   const snapshot = detail.snapshot;
   const events = (detail.events ?? []).slice(-10).reverse();
   return h("section", { "data-node": name },
-    h("h1", {}, name, " ", stateBadge(s.state)),
+    h("h1", {}, token(name), " ", stateBadge(s.state)),
     h("p", { class: "facts" },
       `${s.gpus} GPUs · ${s.devices} NICs · ${s.ports_active}/${s.ports_total} ports active · `,
       `firmware ${s.firmware.join(", ") || "–"} · agent ${s.agent_version ?? "–"} · last seen ${fmtAge(s.age_s)} ago`),
@@ -213,7 +216,7 @@ export async function loadNode(name) {
     events.length === 0 ? h("p", { class: "muted" }, "None.") : table(["observed", "kind", "what", "change"],
       events.map((e) => h("tr", {},
         h("td", {}, fmtTime(e.observed_at)), h("td", {}, e.kind),
-        h("td", {}, [e.device, e.port, e.netdev].filter((x) => x !== null && x !== undefined).join("/")),
+        h("td", {}, token([e.device, e.port, e.netdev].filter((x) => x !== null && x !== undefined).join("/"))),
         h("td", {}, `${e.old_state ?? "?"} → ${e.new_state ?? "?"}`))), { id: "events" }),
   );
 }
@@ -221,12 +224,12 @@ export async function loadNode(name) {
 export async function loadTrace(node, resource) {
   const trace = await getJSON("/api/v1/trace", { node, resource });
   const linkBody = (l, title) => [
-    h("div", { class: "name" }, title, " ", stateBadge(l.status)),
-    l.cause ? h("p", { class: "cause" }, l.cause) : null,
-    l.fix ? h("p", { class: "fix" }, "Fix: ", l.fix) : null,
+    h("div", { class: "title" }, token(title), " ", stateBadge(l.status)),
+    l.cause ? h("p", { class: "cause" }, prose(l.cause)) : null,
+    l.fix ? h("p", { class: "fix" }, "Fix: ", prose(l.fix)) : null,
     h("details", {}, h("summary", {}, "evidence"), h("pre", {}, JSON.stringify(l.evidence, null, 2))),
   ];
-  const statusClass = (l) => `link ${["ok", "broken", "unknown"].includes(l.status) ? l.status : "unknown"}`;
+  const statusClass = (l) => `link ${["ok", "degraded", "broken", "unknown"].includes(l.status) ? l.status : "unknown"}`;
   const links = trace.links.map((l, index) =>
     h("li", { class: statusClass(l), "data-link": l.name, "data-status": l.status }, ...linkBody(l, `${index}. ${l.name}`)));
   // The cluster's components on the node: a section beside the chain (docs/concepts.md).
@@ -234,13 +237,17 @@ export async function loadTrace(node, resource) {
     ? h("div", { class: statusClass(trace.components), id: "components", "data-status": trace.components.status },
       ...linkBody(trace.components, "components on the node"))
     : null;
-  const verdict = trace.ok
-    ? h("p", { class: "ok", id: "verdict" }, "Every link holds.")
-    : trace.first_broken === null
-      ? h("p", { class: "bad", id: "verdict" }, "Broken at the node's components.")
-      : h("p", { class: "bad", id: "verdict" }, `Broken at link ${trace.first_broken}: ${trace.links[trace.first_broken]?.name ?? "?"}.`);
+  // The API's verdict (docs/concepts.md): "Every link holds." only when every link is ok.
+  const said = { degraded: "Degraded", unknown: "Unknown" }[trace.verdict];
+  const verdict = trace.verdict === "ok"
+    ? h("p", { class: "ok", id: "verdict", "data-verdict": "ok" }, "Every link holds.")
+    : said
+      ? h("p", { class: trace.verdict === "degraded" ? "warning" : "unknown", id: "verdict", "data-verdict": trace.verdict }, `${said}: ${trace.verdict_reason}.`)
+      : trace.first_broken === null
+        ? h("p", { class: "bad", id: "verdict", "data-verdict": "broken" }, "Broken at the node's components.")
+        : h("p", { class: "bad", id: "verdict", "data-verdict": "broken" }, `Broken at link ${trace.first_broken}: ${trace.links[trace.first_broken]?.name ?? "?"}.`);
   return h("section", {},
-    h("h1", {}, "Trace ", link(["node", node], node), ` · ${resource}`),
+    h("h1", {}, "Trace ", link(["node", node], token(node)), " · ", token(resource)),
     verdict,
     components,
     h("ol", { class: "chain", id: "chain" }, links),

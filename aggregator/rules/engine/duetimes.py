@@ -33,6 +33,9 @@ class DueNodes:
         if math.isnan(due):
             self.active.add(name)  # cannot be ordered: always re-run
             return
+        if due == math.inf:  # never due (e.g. snapshot-missing of a node with a snapshot)
+            self._queued.pop(name, None)  # an entry left in the heap is superseded
+            return
         queued = self._queued.get(name)
         if queued is None or due < queued:
             self._queued[name] = due

@@ -70,14 +70,15 @@ def _same_labels(old: ClusterView, new: ClusterView) -> bool:
 
 
 def _same_objects(old: ClusterView, new: ClusterView) -> bool:
-    """The pods, NADs and IP pools the `CLUSTER_RULES` read (the watcher replaces each
-    tuple only when it changed, so identity is the usual answer)."""
+    """The pods, NADs, IP pools and held addresses the `CLUSTER_RULES` read (the watcher
+    replaces each tuple only when it changed, so identity is the usual answer)."""
     return all(
         a is b or a == b
         for a, b in (
             (old.pods, new.pods),
             (old.attachments, new.attachments),
             (old.ip_pools, new.ip_pools),
+            (old.held_addresses, new.held_addresses),
         )
     )
 

@@ -15,6 +15,7 @@ from typing import Final
 
 from aggregator.cluster import NO_CLUSTER, ClusterView
 from aggregator.fleet.state import Fleet, NodeRecord
+from aggregator.rules import fleetpolicy, links
 from aggregator.rules.catalog import ALL_RULES, RULES, SEVERITY_ORDER
 from aggregator.rules.descriptor import NOT_LOADED, Check, RuleInput
 from aggregator.rules.finding import Finding
@@ -48,6 +49,29 @@ CHECKS: Final[Mapping[str, Check]] = MappingProxyType({r.id: r.check for r in AL
 # Node-local rules reading the cluster's pods, NADs or IP pools: re-run for every node when
 # those change.
 CLUSTER_RULES: Final[frozenset[str]] = frozenset(r.id for r in ALL_RULES if r.reads_cluster)
+
+
+# Rules that can tell, for an open alert whose finding is gone, that they can no longer
+# judge its subject (their input went away): rule -> (the node's record, the alert's
+# subject and evidence) -> the reason, or None. The alert is then unknown, not resolved
+# (aggregator.alerts.lifecycle). Rules without an entry: every absence is a verdict.
+Unjudged = Callable[[NodeRecord | None, str, Mapping[str, str]], str | None]
+UNJUDGED: Final[Mapping[str, Unjudged]] = MappingProxyType(
+    {
+        "rail-mismatch": fleetpolicy.rail_unjudged,
+        "rate-mismatch": links.rate_unjudged,
+        "mtu-mismatch": links.mtu_unjudged,
+    }
+)
+
+
+def cannot_judge(
+    fleet: Mapping[str, NodeRecord], rule: str, node: str, subject: str, evidence: Mapping[str, str]
+) -> str | None:
+    """Why `rule` cannot judge `subject` on `node` (a fleet view's node name, or any other
+    string for fleet-wide alerts) now, or None (`UNJUDGED`)."""
+    check = UNJUDGED.get(rule)
+    return None if check is None else check(fleet.get(node), subject, evidence)
 
 
 def sort_key(finding: Finding) -> tuple[int, str, str, str]:

@@ -43,9 +43,11 @@ async def test_trace_healthy_without_cluster(client: Client) -> None:
     assert (body["node"], body["resource"], body["ok"], body["first_broken"]) == (
         "gpu-001",
         RES,
-        True,
+        False,  # ok only when every link is: without a cluster, several are not judged
         None,
     )
+    assert body["verdict"] == "unknown"
+    assert str(body["verdict_reason"]).startswith("8 links not judged (components, allocatable,")
     links = body["links"]
     assert isinstance(links, list)
     assert [link["name"] for link in links] == list(LINK_NAMES)
@@ -76,7 +78,10 @@ async def test_trace_follows_live_cluster_and_policy_sources(
 ) -> None:
     harness.cluster = chain_cluster()
     body = await get_json(client, f"/api/v1/trace?node=gpu-001&resource={RES}")
-    assert body["ok"] is True
+    assert (body["verdict"], body["ok"]) == ("unknown", False)  # never validated
+    assert body["verdict_reason"] == (
+        "2 links not judged (pod-interface, tested-data-path); nothing broken"
+    )
     links = body["links"]
     assert isinstance(links, list)
     assert links[7]["evidence"]["allocatable"] == "2"
@@ -136,7 +141,8 @@ async def test_trace_bad_parameters_are_400_and_serving_goes_on(
     assert isinstance(error, dict)
     assert (error["code"], error["field"]) == ("bad_request", field)
     assert message in error["message"]
-    assert (await get_json(client, f"/api/v1/trace?node=gpu-001&resource={RES}"))["ok"] is True
+    answer = await get_json(client, f"/api/v1/trace?node=gpu-001&resource={RES}")
+    assert answer["first_broken"] is None
 
 
 async def test_resources_list(client: Client) -> None:

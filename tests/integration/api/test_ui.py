@@ -343,8 +343,9 @@ async def test_static_routes_are_open_typed_and_out_of_the_openapi_document(
         aggregator(settings(own_nats.url, api_auth=auth)) as agg,
         httpx.AsyncClient(base_url=agg.api_url or "") as http,
     ):
-        moved = await http.get("/ui")
-        assert (moved.status_code, moved.headers["location"]) == (302, "/ui/")
+        for bare in ("/ui", "/"):  # the API's bare address in a browser opens the page
+            moved = await http.get(bare)
+            assert (moved.status_code, moved.headers["location"]) == (302, "/ui/"), bare
         page = await http.get("/ui/")
         assert page.status_code == 200
         assert page.headers["content-type"] == "text/html; charset=utf-8"

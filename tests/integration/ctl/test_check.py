@@ -87,7 +87,7 @@ def test_no_findings(snapshots: dict[str, Path], tmp_path: Path) -> None:
     )
     done = check("--snapshot", str(snapshots["roce-cx6dx"]), "--policy", str(policy))
     assert done.returncode == 0, done.stderr
-    assert "No findings." in done.stdout
+    assert "No findings." in done.stderr  # as `nicfleetctl findings` says it
     done = check("--snapshot", str(snapshots["roce-cx6dx"]), "--policy", str(policy), "-o", "json")
     assert json.loads(done.stdout) == []
 

@@ -37,7 +37,7 @@ def test_nodes_table(server: str) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "NAME", "STATE", "DEVICES", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE", "AGE",
+        "NAME", "STATE", "DEVICES", "PORTS-UP", "GPUS", "LINK", "RATE", "FIRMWARE", "LAST-SEEN",
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[1:]] == [
         "gpu-001", "gpu-002", "gpu-003", "gpu-010", "roce-01",

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from aggregator.api.app import ApiSettings, build_app
+from aggregator.cluster import ClusterNode, ClusterView
 from aggregator.ctl.main import cli
-from tests.support.api_fixtures import Harness, sample_fleet, serve_in_thread
+from tests.support.api_fixtures import STALE_AFTER, Harness, sample_fleet, serve_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -45,3 +47,48 @@ def test_live_fleet(server: str, tmp_path: Path) -> None:
     assert all(r["advertised"] == 0 for r in nodes.values())
     assert 'RDMA device "rdma_cm" not found' in nodes["gpu-001"]["why"]
     assert result.exit_code == 1
+
+
+def test_node_policy_picks_its_nodes_by_the_live_labels(tmp_path: Path) -> None:
+    pools = {"gpu-001": "gpu", "gpu-002": "gpu", "roce-01": "eth"}
+    view = ClusterView(present=True, nodes={
+        n: ClusterNode(name=n, labels={"kubernetes.io/hostname": n, "pool": pool})
+        for n, pool in pools.items()})  # fmt: skip
+    harness = Harness(fleet=sample_fleet())
+    app = build_app(
+        fleet=harness.fleet, settings=ApiSettings(stale_after=STALE_AFTER),
+        readiness=harness.readiness, clock=harness.clock, metrics=harness.registry,
+        cluster_source=lambda: view,
+    )  # fmt: skip
+    config = {"configList": [{"resourceName": "ib", "rdmaHcaMax": 4,
+                              "selectors": {"linkTypes": ["infiniband"]}}]}  # fmt: skip
+    policy = tmp_path / "nnp.yaml"
+    policy.write_text(json.dumps({
+        "kind": "NicNodePolicy", "metadata": {"name": "gpu-nodes"},
+        "spec": {"nodeSelector": {"pool": "gpu"},
+                 "rdmaSharedDevicePlugin": {"config": json.dumps(config)}},
+    }))  # fmt: skip
+    with serve_in_thread(app) as url:
+        args = ["--server", url, "audit", "nicclusterpolicy", "-f", str(policy), "-o", "json"]
+        result = CliRunner().invoke(cli, args, env={"NICFLEET_SERVER": None},
+                                    prog_name="nicfleetctl")  # fmt: skip
+    body = json.loads(result.stdout)
+    (audited,) = body["policies"]
+    assert [n["node"] for n in audited["nodes"]] == ["gpu-001", "gpu-002"]
+    (note,) = [n for n in audited["notes"] if n["section"] == "nicNodePolicy"]
+    assert note["message"].startswith("applies to 2 of 4 nodes by their labels (pool=gpu)")
+
+
+def test_node_policy_without_labels_to_select_by(server: str, tmp_path: Path) -> None:
+    # The sample aggregator has no cluster: no node carries a label, so nothing is narrowed.
+    policy = tmp_path / "nnp.yaml"
+    policy.write_text(json.dumps({
+        "kind": "NicNodePolicy", "metadata": {"name": "gpu-nodes"},
+        "spec": {"nodeSelector": {"pool": "gpu"}},
+    }))  # fmt: skip
+    args = ["--server", server, "audit", "nicclusterpolicy", "-f", str(policy), "-o", "json"]
+    result = CliRunner().invoke(cli, args, env={"NICFLEET_SERVER": None}, prog_name="nicfleetctl")
+    (audited,) = json.loads(result.stdout)["policies"]
+    (note,) = [n for n in audited["notes"] if n["section"] == "nicNodePolicy"]
+    assert "carry no node labels" in note["message"]
+    assert note["severity"] == "info"

@@ -7,14 +7,17 @@ import socket
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 from click.testing import CliRunner, Result
 
 from aggregator.ctl.main import cli
+from aggregator.fleet.state import Fleet
 from aggregator.trace.chain import LINK_NAMES
 from proto.http import ValidationRecord
 from proto.messages.validation import Evidence, RdmaInterface, Reason, ValidationResult
 from tests.support.api_fixtures import NOW, serve_in_thread
+from tests.support.builders import T0, modules, nic, plugin_status, resource_status, snapshot
 from tests.support.chain_fixtures import RES, ChainHarness, chain_cluster
 
 pytestmark = pytest.mark.integration
@@ -31,11 +34,14 @@ def ctl(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), env=env, prog_name="nicfleetctl")
 
 
-def test_trace_ok_exits_0(server: str) -> None:
+def test_trace_not_validated_is_unknown_not_ok_and_exits_0(server: str) -> None:
     result = ctl("--server", server, "trace", "gpu-001", RES)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, result.output  # nothing is broken
     lines = result.stdout.splitlines()
-    assert lines[0] == "rdma/ib on gpu-001: chain ok"
+    assert lines[0] == (
+        "rdma/ib on gpu-001: unknown: 2 links not judged (pod-interface, tested-data-path); "
+        "nothing broken"
+    )
     assert lines[1] == " ✔ components ok"  # the cluster's part on the node, beside the chain
     assert [line.split()[:3] for line in lines[2:5]] == [
         ["✔", "0", "agent"],
@@ -111,6 +117,7 @@ def test_trace_shows_the_pods_interface_from_the_newest_validation() -> None:
     )
     assert "fix:   request the RDMA network in `k8s.v1.cni.cncf.io/networks`" in broken.stdout
     assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith("rdma/ib on gpu-001: chain ok\n")  # every link is ok
     assert f" ✔ {index} pod-interface" in ok.stdout
     assert '"interfaces": ["net1 (gid-address, device-info)"]' in ok.stdout
     link = api.json()["links"][index]
@@ -174,7 +181,49 @@ def test_resources_json_and_empty(server: str) -> None:
     result = ctl("--server", server, "resources", "-o", "json")
     assert result.exit_code == 0
     assert json.loads(result.stdout) == httpx.get(f"{server}/api/v1/resources").json()
-    empty = ctl("--server", server, "resources", "--name", "rdma/none")
-    assert empty.exit_code == 0
-    assert empty.stdout == ""
-    assert "No resources found." in empty.stderr
+    # A name the fleet does not have is a typo, not an empty list (test_ctl_habits.py).
+    unknown = ctl("--server", server, "resources", "--name", "rdma/none")
+    assert unknown.exit_code == 1 and "unknown resource 'rdma/none'" in unknown.stderr
+    assert unknown.stdout == ""
+
+
+def degraded_fleet() -> Fleet:
+    """gpu-ib-01: eight rdma/ib adapters, mlx5_3's port down; the plugin 7 of 8 healthy."""
+    devices = tuple(
+        msgspec.structs.replace(
+            nic(f"mlx5_{i}", index=i, netdevs=(f"ib{i}",), state="DOWN" if i == 3 else "ACTIVE"),
+            fw_ver="28.39.1002",
+        )
+        for i in range(8)
+    )
+    fleet = Fleet()
+    snap = msgspec.structs.replace(snapshot("gpu-ib-01", devices=devices), modules=modules())
+    fleet.apply_snapshot(snap, T0)
+    status = resource_status(
+        RES, devices=tuple(d.name for d in devices), healthy=7,
+        unhealthy={"mlx5_3": "no port ACTIVE/LinkUp (1:DOWN/Disabled)"},
+    )  # fmt: skip
+    fleet.apply_status(plugin_status("gpu-ib-01", status), T0)
+    return fleet
+
+
+def test_trace_one_of_eight_adapters_down_is_degraded_and_names_it() -> None:
+    with serve_in_thread(ChainHarness(fleet=degraded_fleet()).app()) as url:
+        result = ctl("--server", url, "trace", "gpu-ib-01", RES)
+        api = httpx.get(f"{url}/api/v1/trace", params={"node": "gpu-ib-01", "resource": RES})
+    assert result.exit_code == 0, result.output  # degraded is not broken: pods still fit
+    lines = result.stdout.splitlines()
+    assert (
+        lines[0]
+        == "rdma/ib on gpu-ib-01: degraded: capacity reduced on mlx5_3 (rdma-device, advertised)"
+    )
+    assert " ! 3 rdma-device      degraded" in lines
+    assert " ! 6 advertised       degraded" in lines
+    assert (
+        "     cause: 7 of 8 devices healthy (mlx5_3: no port ACTIVE/LinkUp (1:DOWN/Disabled))"
+        in lines
+    )
+    body = api.json()
+    assert (body["verdict"], body["ok"], body["first_broken"]) == ("degraded", False, None)
+    assert body["verdict_reason"] == "capacity reduced on mlx5_3 (rdma-device, advertised)"
+    assert body["links"][3]["evidence"]["degraded_adapters"] == ["mlx5_3"]

@@ -61,8 +61,8 @@ def _matrix_cells(out: str) -> dict[tuple[str, str], str]:
     return {
         (row[0], nic): cell
         for row in lines
-        if re.fullmatch(r"GPU\d+", row[0])
-        for nic, cell in zip(nics, row[1 : 1 + len(nics)], strict=True)
+        if re.fullmatch(r"GPU\d+", row[0])  # GPU0 0000:18:00.0 PIX ...
+        for nic, cell in zip(nics, row[2 : 2 + len(nics)], strict=True)
     }
 
 

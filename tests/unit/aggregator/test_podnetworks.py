@@ -3,16 +3,21 @@ a selected adapter's netdev, and what their IP pools have left for a node."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from aggregator.cluster import (
+    ClusterNode,
     ClusterView,
+    HeldAddresses,
+    IpamRange,
     IpPool,
     NetworkAttachment,
     NetworkStatus,
     PodRequest,
     PoolBlock,
 )
+from aggregator.placement import Requirement, SelectorTerm
 from aggregator.podnetworks import master_selected, nad_uses, pool_uses
 from tests.support.builders import nic
 
@@ -131,13 +136,136 @@ def test_host_local_says_why_not_observable() -> None:
 
 
 def test_no_block_when_every_block_is_taken_says_so() -> None:
+    # /28 from .1 in blocks of 4: .1-.4, .5-.8, .9-.12 (.13-.16 would end on the broadcast).
     blocks = {
-        "a": PoolBlock(node="a", first="192.168.0.0", last="192.168.0.3"),
-        "b": PoolBlock(node="b", first="192.168.0.4", last="192.168.0.7"),
+        n: PoolBlock(node=n, first=f"192.168.0.{i}", last=f"192.168.0.{i + 3}")
+        for n, i in (("a", 1), ("b", 5), ("c", 9))
     }
-    full = IpPool(kind="nv-ipam-ippool", namespace="n", name="pool1", network="192.168.0.0/29",
+    full = IpPool(kind="nv-ipam-ippool", namespace="n", name="pool1", network="192.168.0.0/28",
                   block_size=4, blocks=blocks)  # fmt: skip
     cluster = ClusterView(present=True, ip_pools=(full,))
     (use,) = pool_uses(nad(ipam_type="nv-ipam", ipam_pools=("pool1",)), "gpu-001", cluster)
     assert use.state == "no-block"
-    assert "all 2 blocks of 192.168.0.0/29 are taken" in use.detail
+    assert "all 3 blocks of 192.168.0.0/28 are taken" in use.detail
+
+
+# --- whose pool, and who holds its addresses --------------------------------------------------
+
+GPU_LABELS = {"kubernetes.io/hostname": "gpu-001", "nvidia.com/gpu.present": "true"}
+
+
+def selector(key: str, operator: str, *values: str) -> tuple[SelectorTerm, ...]:
+    return (SelectorTerm(match_expressions=(Requirement(key=key, operator=operator,
+                                                        values=values),)),)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("terms", "state"),
+    [
+        pytest.param(None, "ok", id="no-selector-every-node"),
+        pytest.param(selector("nvidia.com/gpu.present", "In", "true"), "ok", id="selects"),
+        pytest.param(selector("pool", "In", "storage"), "not-selected", id="other-nodes"),
+        pytest.param((), "not-selected", id="no-terms-selects-nothing"),
+    ],
+)
+def test_nv_ipam_pool_counts_only_on_the_nodes_it_selects(
+    terms: tuple[SelectorTerm, ...] | None, state: str
+) -> None:
+    pool = msgspec.structs.replace(IPPOOL, node_selector=terms)
+    nodes = {"gpu-001": ClusterNode(name="gpu-001", labels=GPU_LABELS)}
+    cluster = ClusterView(present=True, ip_pools=(pool,), nodes=nodes)
+    (use,) = pool_uses(nad(ipam_type="nv-ipam", ipam_pools=("pool1",)), "gpu-001", cluster)
+    assert use.state == state
+    if state == "not-selected":
+        assert "nodeSelector does not select gpu-001" in use.detail
+
+
+def test_nv_ipam_used_counts_every_unfinished_pods_addresses() -> None:
+    # One RDMA pod, one other pod (any resource) and a finished one, all on gpu-001.
+    held = (
+        HeldAddresses(namespace="web", name="x", node="gpu-001", ips=("192.168.0.6",)),
+        HeldAddresses(namespace="web", name="y", node="gpu-002", ips=("192.168.0.7",)),
+    )
+    finished = msgspec.structs.replace(pod("done", "192.168.0.8"), phase="Succeeded")
+    cluster = ClusterView(present=True, ip_pools=(IPPOOL,), held_addresses=held,
+                          pods=(pod("a", "192.168.0.2"), finished))  # fmt: skip
+    (use,) = pool_uses(nad(ipam_type="nv-ipam", ipam_pools=("pool1",)), "gpu-001", cluster)
+    assert (use.capacity, use.used, use.free, use.counted) == (5, 2, 3, "network-status")
+    assert use.detail.startswith("at least 2 used")
+
+
+def test_nv_ipam_overlapping_exclusions_make_the_pool_invalid() -> None:
+    pool = msgspec.structs.replace(
+        IPPOOL, exclusions=(("192.168.0.3", "192.168.0.4"), ("192.168.0.4", "192.168.0.5"))
+    )
+    cluster = ClusterView(present=True, ip_pools=(pool,))
+    (use,) = pool_uses(nad(ipam_type="nv-ipam", ipam_pools=("pool1",)), "gpu-001", cluster)
+    assert use.state == "invalid"
+    assert "overlap" in use.detail
+
+
+def wb_nad(**kwargs: object) -> NetworkAttachment:
+    return nad(ipam_type="whereabouts", **kwargs)
+
+
+def wb_pool(name: str, network: str, *held: str) -> IpPool:
+    return IpPool(kind="whereabouts", namespace="kube-system", name=name, network=network,
+                  allocated={ip: f"ml/{i}" for i, ip in enumerate(held)})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("attachment", "pools", "expected"),
+    [
+        # .10-.20 is 11 addresses, less the excluded /30 .12-.15 = 7; .11 and .30 held,
+        # .30 outside the range: 1 used.
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.0.0.0/24", range_start="10.0.0.10",
+                                          range_end="10.0.0.20", exclude=("10.0.0.12/30",)),)),
+            (wb_pool("10.0.0.0-24", "10.0.0.0/24", "10.0.0.11", "10.0.0.30"),),
+            ("ok", 7, 1, 6), id="range-start-end-exclude"),
+        # network_name names the pool: the unnamed one is another network's.
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.0.0.0/29"),), ipam_network_name="blue"),
+            (wb_pool("10.0.0.0-29", "10.0.0.0/29", "10.0.0.1"),
+             wb_pool("blue-10.0.0.0-29", "10.0.0.0/29", "10.0.0.1", "10.0.0.2")),
+            ("ok", 6, 2, 4), id="network-name"),
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.0.0.0/24", exclude=("bogus",)),)),
+            (), ("invalid", None, None, None), id="exclude-refused"),
+        # Fast IPAM: the node's /30 slice (2 usable), its pool named after node and slice.
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.1.0.0/28", exclude=("10.1.0.4/30",)),),
+                   ipam_node_slice_size="/30", config_name="rdma-net"),
+            (IpPool(kind="whereabouts-nodeslice", namespace="kube-system", name="rdma-net",
+                    network="10.1.0.0/28", node_prefix=30,
+                    blocks={"gpu-001": PoolBlock(node="gpu-001", prefix="10.1.0.4/30")}),
+             wb_pool("gpu-001-10.1.0.4-30", "10.1.0.4/30", "10.1.0.5")),
+            ("ok", 2, 1, 1), id="node-slice-exclude-not-applied"),
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.1.0.0/28"),), ipam_node_slice_size="30",
+                   ipam_network_name="blue"),
+            (IpPool(kind="whereabouts-nodeslice", namespace="kube-system", name="blue",
+                    network="10.1.0.0/28", node_prefix=30,
+                    blocks={n: PoolBlock(node=n, prefix=f"10.1.0.{4 * i}/30")
+                            for i, n in enumerate(("a", "b", "c", "d"))}),),
+            ("no-block", 0, 0, 0), id="node-slices-all-taken"),
+        pytest.param(
+            wb_nad(ipam_ranges=(IpamRange(range="10.1.0.0/28"),), ipam_node_slice_size="30",
+                   ipam_network_name="blue"),
+            (), ("missing", None, None, None), id="no-node-slice-pool"),
+    ],
+)  # fmt: skip
+def test_whereabouts_pool_uses(
+    attachment: NetworkAttachment,
+    pools: tuple[IpPool, ...],
+    expected: tuple[str, int | None, int | None, int | None],
+) -> None:
+    (use,) = pool_uses(attachment, "gpu-001", ClusterView(present=True, ip_pools=pools))
+    assert (use.state, use.capacity, use.used, use.free) == expected, use
+
+
+def test_whereabouts_ip_ranges_each_counted() -> None:
+    attachment = wb_nad(ipam_ranges=(IpamRange(range="10.0.0.0/29"),
+                                     IpamRange(range="fd00::/125")))  # fmt: skip
+    uses = pool_uses(attachment, "gpu-001", ClusterView(present=True))
+    assert [(u.pool, u.capacity) for u in uses] == [("10.0.0.0-29", 6), ("fd00---125", 6)]

@@ -188,7 +188,7 @@ def test_counter_faults_and_descriptors(tmp_path: Path) -> None:
     with CounterReader(Sysfs(tmp_path)) as reader:
         reader.collect(node="n", seq=1, now=1.0)
         faults.bump_counter(tmp_path, "mlx5_0", 1, "port_xmit_data", 100, atomic=False)
-        faults.bump_counter(tmp_path, "mlx5_0", 1, "hw_counters/out_of_buffer", 3)
+        faults.bump_counter(tmp_path, "mlx5_0", 1, "hw_counters/out_of_buffer", 3, atomic=True)
 
         def values(seq: int) -> tuple[int | None, int]:
             (port, *_) = reader.collect(node="n", seq=seq, now=float(seq)).ports

@@ -18,7 +18,10 @@ PCI = "bus/pci/devices"
 # h100-iommu-acs: GPU0 and mlx5_0 share a switch whose downstream ports have ACS on.
 ACS_ON = ("0000:17:00.0", "0000:17:01.0")
 UPSTREAM = "0000:16:00.0"
-HIDDEN = "extended config space not readable: needs CAP_SYS_ADMIN (read {} bytes, the header only)"
+HIDDEN = (
+    "extended config space not readable: needs CAP_SYS_ADMIN (read {} bytes, the header only), "
+    "so ACS is unknown; enable deploy/overlays/acs"
+)
 
 
 @pytest.fixture

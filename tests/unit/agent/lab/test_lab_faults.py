@@ -1,4 +1,4 @@
-"""Faults change exactly the files they claim, in kernel format, atomically by default;
+"""Faults change exactly the files they claim, in kernel format, in place by default;
 bad targets fail with a FaultError naming the path; counter resets, ACS edits, RDMA device
 removal and re-add; plus the `lab fault` CLI."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from agent.host import parse
 from agent.lab import pciconfig
 from agent.lab.cli import lab
 from agent.lab.faults import (
@@ -21,10 +22,12 @@ from agent.lab.faults import (
     FaultError,
     bump_counter,
     counter_reset,
+    padded,
     pcie_width_drop,
     port_down,
     port_up,
     set_acs,
+    write_in_place,
 )
 from agent.lab.hotplug import device_add, device_remove
 from agent.lab.render import render
@@ -74,7 +77,9 @@ def test_port_down_changes_state_phys_state_and_netdev(ib: Path) -> None:
 def test_port_up_restores_a_down_port(ib: Path) -> None:
     port_down(ib, "mlx5_2", 1)
     record = port_up(ib, "mlx5_2", 1)
-    assert [c.new for c in record.changes] == ["4: ACTIVE", "5: LinkUp", "up", "1"]
+    # Written in this order: the link trains (DOWN/LinkUp, a state the hardware passes
+    # through), then the port goes ACTIVE; a poll in between never reads ACTIVE/Disabled.
+    assert [c.new for c in record.changes] == ["5: LinkUp", "4: ACTIVE", "up", "1"]
     assert _read(ib, f"{IB}/mlx5_2/ports/1/state") == "4: ACTIVE\n"
     assert _read(ib, f"{IB}/mlx5_2/ports/1/phys_state") == "5: LinkUp\n"
     assert _read(ib, "class/net/ib2/carrier") == "1\n"
@@ -245,7 +250,7 @@ def test_non_numeric_counter_is_refused(eth: Path) -> None:
 def test_atomic_write_replaces_the_file_and_leaves_no_temp_files(eth: Path) -> None:
     state = eth / IB / "mlx5_0/ports/1/state"
     inode = state.stat().st_ino
-    port_down(eth, "mlx5_0", 1)
+    port_down(eth, "mlx5_0", 1, atomic=True)
     assert state.stat().st_ino != inode
     assert os.listdir(eth / ".lab-tmp") == []
     assert not any(name.startswith(".") for name in os.listdir(state.parent))
@@ -278,12 +283,38 @@ def test_concurrent_reader_never_sees_a_partial_value(eth: Path) -> None:
     thread.start()
     try:
         for _ in range(300):  # 0 -> 999...9 and back to a short value never tears
-            bump_counter(eth, "mlx5_0", 1, "port_xmit_data", 999_999_999_999)
+            bump_counter(eth, "mlx5_0", 1, "port_xmit_data", 999_999_999_999, atomic=True)
     finally:
         done.set()
         thread.join(timeout=10)
     assert all(text.endswith("\n") and text[:-1].isdigit() for text in seen), seen - {""}
     assert all(int(text) % 999_999_999_999 == 0 for text in seen)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "parse"),
+    [
+        pytest.param(b"4: ACTIVE\n", b"1: DOWN\n", parse.parse_port_state, id="port-state"),
+        pytest.param(b"5: LinkUp\n", b"3: Disabled\n", parse.parse_phys_state, id="longer"),
+        pytest.param(b"1234567\n", b"0\n", parse.parse_counter, id="counter-reset"),
+    ],
+)
+def test_in_place_shrink_reads_as_the_new_value_midway(
+    eth: Path, old: bytes, new: bytes, parse: Callable[[str], object]
+) -> None:
+    """Shrinking in place is pad, then truncate: a reader between the two (the agent's
+    pread) parses the new value, never the new head followed by the old tail."""
+    midway = padded(new, len(old)) if len(new) < len(old) else new
+    assert len(midway) == max(len(old), len(new))
+    assert parse(midway.decode()) == parse(new.decode())
+    path = eth / IB / "mlx5_0/ports/1/counters/symbol_error"
+    path.write_bytes(old)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        write_in_place(path, new)
+        assert os.pread(fd, 64, 0) == new
+    finally:
+        os.close(fd)
 
 
 def test_cli_fault_prints_one_json_line(eth: Path) -> None:
@@ -306,7 +337,7 @@ def test_cli_fault_prints_one_json_line(eth: Path) -> None:
     args = ["fault", "pcie-width", "--root", str(eth), "--address", "0000:d8:00.0", "--width", "4"]
     assert json.loads(runner.invoke(lab, args).stdout)["fault"] == "pcie-width"
     args = ["fault", "port-up", "--root", str(eth), "--device", "mlx5_1", "--port", "1"]
-    assert json.loads(runner.invoke(lab, args).stdout)["changes"][0]["new"] == "4: ACTIVE"
+    assert json.loads(runner.invoke(lab, args).stdout)["changes"][1]["new"] == "4: ACTIVE"
 
 
 @pytest.mark.parametrize(

@@ -537,7 +537,10 @@ def test_module_options(tmp_path: Path) -> None:
     legacy = tmp_path / "module/nv_peer_mem"
     assert (legacy / "version").read_text() == "1.3-0\n"
     assert (legacy / "srcversion").read_text() == "0123456789ABCDEF0123456\n"
-    assert sorted(os.listdir(tmp_path / "module/ib_core")) == ["initstate"]
+    # Every loaded module has `taint`; an in-tree one's is empty, MLNX_OFED's "O".
+    assert sorted(os.listdir(tmp_path / "module/ib_core")) == ["initstate", "taint"]
+    assert (tmp_path / "module/ib_core/taint").read_text() == "\n"
+    assert (legacy / "taint").read_text() == "O\n"
 
 
 def test_legacy_counter_layout(tmp_path: Path) -> None:

@@ -123,9 +123,9 @@ def test_resolved_alerts_are_not_advanced_again_until_their_retention_runs_out(
     calls: list[str] = []
     absent = lifecycle._absent
 
-    def counted(old: Tracked, now: float, settings: LifecycleSettings) -> Any:
+    def counted(old: Tracked, now: float, settings: LifecycleSettings, *rest: Any) -> Any:
         calls.append(old.alert.fingerprint)
-        return absent(old, now, settings)
+        return absent(old, now, settings, *rest)
 
     monkeypatch.setattr(lifecycle, "_absent", counted)
     rested = stepper.step(resolved.states, [], 5.0, timing)

@@ -82,7 +82,11 @@ def test_a_fitting_policy_exits_0(snaps: dict[str, Path], tmp_path: Path) -> Non
             {
                 "kind": "NicClusterPolicy",
                 "metadata": {"name": "nic-cluster-policy"},
-                "spec": {"rdmaSharedDevicePlugin": {"config": json.dumps(config)}},
+                # The webhook refuses a section with no repository (its own or global's).
+                "spec": {
+                    "global": {"repository": "nvcr.io/nvidia/mellanox"},
+                    "rdmaSharedDevicePlugin": {"config": json.dumps(config)},
+                },
             }
         )
     )

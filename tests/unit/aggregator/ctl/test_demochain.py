@@ -84,6 +84,7 @@ def test_resources_view_lists_advertising_nodes_only() -> None:
 def test_trace_view_names_the_first_broken_link_and_why_links_are_unknown() -> None:
     trace = {
         "ok": False,
+        "verdict": "broken",
         "first_broken": 1,
         "links": [
             {"name": "agent", "status": "ok", "evidence": {}},
@@ -93,6 +94,7 @@ def test_trace_view_names_the_first_broken_link_and_why_links_are_unknown() -> N
     }
     assert trace_view(trace) == {
         "ok": False,
+        "verdict": "broken",
         "links": [["agent", "ok"], ["rdma-device", "broken"], ["allocatable", "unknown"]],
         "first_broken": "rdma-device",
         "cause": "port down",

@@ -87,7 +87,8 @@ def test_node() -> None:
         pytest.param({"rdma/a": "2"}, {"rdma/a": 2}, id="string"),
         pytest.param({"rdma/a": 2}, {"rdma/a": 2}, id="int"),
         pytest.param({"rdma/a": "1k"}, None, id="not-a-count"),
-        pytest.param({"nvidia.com/gpu": "8"}, None, id="other-prefix"),
+        pytest.param({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": 8}, id="other-device-plugin"),
+        pytest.param({"cpu": "8", "example.kubernetes.io/x": "1"}, None, id="native-only"),
     ],
 )
 def test_pod_requests(limits: dict[str, Any], expected: dict[str, int] | None) -> None:

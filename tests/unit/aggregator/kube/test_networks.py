@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
-from aggregator.cluster import NetworkStatus, PoolBlock
+from aggregator.cluster import HeldAddresses, IpamRange, NetworkStatus, PoolBlock
 from aggregator.kube.networks import (
     CniConfig,
+    held_addresses_from_object,
     ip_pool_from_object,
     parse_cni_config,
     parse_network_status,
 )
 from aggregator.kube.objects import attachment_from_object, networks_error, pod_request_from_object
+from aggregator.placement import Requirement, SelectorTerm
 
 NV_IPAM = {"type": "nv-ipam", "poolName": "pool1"}
 
@@ -35,7 +37,8 @@ NV_IPAM = {"type": "nv-ipam", "poolName": "pool1"}
             {"cniVersion": "0.3.1", "type": "ipoib", "master": "ib0",
              "ipam": {"type": "whereabouts", "range": "192.168.5.225/28"}},
             CniConfig(cni_type="ipoib", master="ib0", ipam_type="whereabouts",
-                      ipam_range="192.168.5.225/28"),
+                      ipam_range="192.168.5.225/28",
+                      ipam_ranges=(IpamRange(range="192.168.5.224/28"),)),
             id="ipoib-whereabouts",
         ),
         pytest.param(
@@ -61,7 +64,8 @@ NV_IPAM = {"type": "nv-ipam", "poolName": "pool1"}
                 {"type": "macvlan", "master": "ens1f1", "ipam": {"type": "static"}},
                 {"type": "tuning", "sysctl": {}},
             ]},
-            CniConfig(cni_type="macvlan", master="ens1f1", ipam_type="static"),
+            CniConfig(cni_type="macvlan", master="ens1f1", ipam_type="static",
+                      config_name="rdma"),
             id="conflist",
         ),
     ],
@@ -180,6 +184,10 @@ def test_nv_ipam_ippool_as_the_controller_writes_it() -> None:
     assert pool.blocks["gpu-001"] == PoolBlock(
         node="gpu-001", first="192.168.0.1", last="192.168.0.100"
     )
+    assert pool.node_selector == (
+        SelectorTerm(match_expressions=(
+            Requirement(key="node-role.kubernetes.io/worker", operator="Exists"),)),
+    )  # fmt: skip
 
 
 def test_nv_ipam_cidrpool_as_the_controller_writes_it() -> None:
@@ -199,6 +207,100 @@ def test_nv_ipam_cidrpool_as_the_controller_writes_it() -> None:
     assert pool.blocks == {
         "gpu-001": PoolBlock(node="gpu-001", prefix="192.168.0.0/24", gateway="192.168.0.1")
     }
+    assert pool.static_prefixes == ("192.168.9.0/24",)
+    assert pool.node_selector is None  # no spec.nodeSelector: every node
+
+
+def test_nv_ipam_per_node_exclusions_are_index_pairs() -> None:
+    pool = ip_pool_from_object("nv-ipam-ippool", {
+        "metadata": {"name": "pool1", "namespace": "nvidia-network-operator"},
+        "spec": {"subnet": "10.0.0.0/24", "perNodeBlockSize": 16,
+                 "perNodeExclusions": [{"startIndex": 0, "endIndex": 1},
+                                       {"startIndex": 9}]},
+    })  # fmt: skip
+    assert pool is not None
+    assert pool.per_node_exclusions == ((0, 1),)
+
+
+def test_whereabouts_node_slice_pool_as_the_node_controller_writes_it() -> None:
+    pool = ip_pool_from_object("whereabouts-nodeslice", {
+        "apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "NodeSlicePool",
+        "metadata": {"name": "rdma-net", "namespace": "kube-system"},
+        "spec": {"range": "10.1.0.0/16", "sliceSize": "/22"},
+        "status": {"allocations": [
+            {"nodeName": "gpu-001", "sliceRange": "10.1.0.0/22"},
+            {"nodeName": "", "sliceRange": "10.1.4.0/22"},
+        ]},
+    })  # fmt: skip
+    assert pool is not None
+    assert (pool.kind, pool.network, pool.node_prefix) == (
+        "whereabouts-nodeslice",
+        "10.1.0.0/16",
+        22,
+    )
+    assert pool.blocks == {"gpu-001": PoolBlock(node="gpu-001", prefix="10.1.0.0/22")}
+
+
+@pytest.mark.parametrize(
+    ("ipam", "expected"),
+    [
+        pytest.param(
+            {"type": "whereabouts", "range": "10.0.0.0/24", "range_start": "10.0.0.10",
+             "range_end": "10.0.0.20", "exclude": ["10.0.0.12/30"]},
+            (IpamRange(range="10.0.0.0/24", range_start="10.0.0.10", range_end="10.0.0.20",
+                       exclude=("10.0.0.12/30",)),),
+            id="range-start-end-exclude"),
+        # "first-last/prefix" sets both ends (whereabouts pkg/config).
+        pytest.param(
+            {"type": "whereabouts", "range": "192.168.2.225-192.168.2.230/24"},
+            (IpamRange(range="192.168.2.0/24", range_start="192.168.2.225",
+                       range_end="192.168.2.230"),),
+            id="dash-notation"),
+        pytest.param(
+            {"type": "whereabouts", "range": "10.0.0.0/24",
+             "ipRanges": [{"range": "fd00::/64", "exclude": ["fd00::1"]}]},
+            (IpamRange(range="10.0.0.0/24"), IpamRange(range="fd00::/64", exclude=("fd00::1",))),
+            id="ip-ranges"),
+    ],
+)  # fmt: skip
+def test_whereabouts_ranges(ipam: dict[str, Any], expected: tuple[IpamRange, ...]) -> None:
+    config = parse_cni_config(json.dumps({"cniVersion": "0.3.1", "name": "n", "type": "ipoib",
+                                          "master": "ib0", "ipam": ipam}))  # fmt: skip
+    assert config.ipam_ranges == expected
+
+
+def test_whereabouts_fast_ipam_settings() -> None:
+    config = parse_cni_config(json.dumps({"cniVersion": "0.3.1", "name": "rdma-net",
+        "type": "macvlan", "master": "ens1f0", "ipam": {
+            "type": "whereabouts", "range": "10.1.0.0/16", "node_slice_size": "/22",
+            "network_name": "blue"}}))  # fmt: skip
+    assert (config.ipam_node_slice_size, config.ipam_network_name, config.config_name) == (
+        "/22",
+        "blue",
+        "rdma-net",
+    )
+
+
+def pod_object(phase: str, *, node: str | None = "gpu-001") -> dict[str, Any]:
+    status = [{"name": "cbr0", "ips": ["10.244.0.5"], "default": True},
+              {"name": "web/storage-net", "interface": "net1", "ips": ["10.0.0.7"]}]  # fmt: skip
+    return {
+        "metadata": {"name": "web-0", "namespace": "web", "annotations": {
+            "k8s.v1.cni.cncf.io/network-status": json.dumps(status)}},
+        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "status": {"phase": phase},
+    }  # fmt: skip
+
+
+def test_held_addresses_of_any_unfinished_pod() -> None:
+    assert held_addresses_from_object(pod_object("Running")) == HeldAddresses(
+        namespace="web", name="web-0", node="gpu-001", ips=("10.0.0.7",)
+    )
+    assert held_addresses_from_object(pod_object("Succeeded")) is None
+    assert held_addresses_from_object(pod_object("Running", node=None)) is None
+    assert (
+        held_addresses_from_object({"metadata": {"name": "x"}, "spec": {"nodeName": "n"}}) is None
+    )
 
 
 def test_whereabouts_pool_offsets_become_addresses() -> None:

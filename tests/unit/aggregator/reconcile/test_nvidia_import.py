@@ -40,6 +40,9 @@ FLEET = {
 }
 
 
+REPOSITORY = "nvcr.io/nvidia/mellanox"
+
+
 def ncp(config: Any) -> dict[str, Any]:
     if not isinstance(config, str) and config is not None:
         config = json.dumps(config)
@@ -50,7 +53,8 @@ def ncp(config: Any) -> dict[str, Any]:
         "apiVersion": "mellanox.com/v1alpha1",
         "kind": "NicClusterPolicy",
         "metadata": {"name": "nic-cluster-policy"},
-        "spec": {"rdmaSharedDevicePlugin": plugin},
+        # Every section needs a repository, its own or global's (the webhook).
+        "spec": {"global": {"repository": REPOSITORY}, "rdmaSharedDevicePlugin": plugin},
     }
 
 
@@ -67,7 +71,9 @@ def test_a_good_config_has_no_findings() -> None:
     "obj",
     [
         pytest.param({}, id="no-spec"),
-        pytest.param({"spec": {"ofedDriver": {}}}, id="no-plugin"),
+        pytest.param(
+            {"spec": {"global": {"repository": REPOSITORY}, "ofedDriver": {}}}, id="no-plugin"
+        ),
         pytest.param(ncp(None), id="plugin-without-config"),
     ],
 )
@@ -216,3 +222,12 @@ def test_every_finding_carries_an_audit_rule_and_one_of_its_severities() -> None
     assert {f.rule for f in findings} >= {RULE_INVALID, RULE_SECTION, RULE_MATCHES_NOTHING}
     for f in findings:
         assert f.severity in AUDIT_RULES.get(f.rule, ()), (f.rule, f.severity)
+
+
+def test_a_section_without_any_repository_is_refused() -> None:
+    obj = ncp(None)
+    del obj["spec"]["global"]
+    (finding,) = audit_nic_cluster_policy(obj, FLEET)
+    assert (finding.rule, finding.evidence["path"]) == (
+        RULE_INVALID, "spec.rdmaSharedDevicePlugin.repository",
+    )  # fmt: skip

@@ -8,7 +8,9 @@ import msgspec
 from msgspec.structs import replace as sr
 
 from aggregator.cluster import (
+    ClusterNode,
     ClusterView,
+    HeldAddresses,
     IpPool,
     NetworkAttachment,
     NetworkStatus,
@@ -16,6 +18,7 @@ from aggregator.cluster import (
     PoolBlock,
 )
 from aggregator.fleet.state import NodeRecord
+from aggregator.placement import Requirement, SelectorTerm
 from aggregator.rules.engine.incremental import IncrementalRules
 from aggregator.rules.engine.registry import CLUSTER_RULES, evaluate
 from aggregator.rules.finding import Finding
@@ -82,6 +85,15 @@ def test_annotation_naming_another_resource() -> None:
     assert finding.evidence["annotation"] == "rdma/other"
 
 
+def test_annotated_nad_used_by_a_pod_requesting_nothing_says_so() -> None:
+    bare = sr(pod("a", "192.168.0.1"), requests={})
+    found = ours(cluster(pods=(bare,), attachments=(sr(NAD, resource_name=RES),)))
+    (finding,) = [f for f in found if f.rule == "nad-resource-mismatch"]
+    assert "requests no device-plugin resource" in finding.message
+    assert f"request {RES} in the pod" in finding.message
+    assert "requests :" not in finding.message
+
+
 def test_master_not_selected_with_and_without_annotation() -> None:
     for nad in (sr(NAD, master="ib7"), sr(NAD, master="ib7", resource_name=RES)):
         (finding,) = ours(cluster(attachments=(nad,)))
@@ -132,3 +144,49 @@ def test_incremental_follows_a_cluster_object_change() -> None:
     assert [f.rule for f in found if f.rule in OURS] == ["nad-master-not-selected"]
     assert engine.rebuilds == rebuilds  # re-ran those rules, did not start over
     assert found == evaluate(records, (), after, T0 + 2)
+
+
+def test_other_pods_addresses_count_against_the_nodes_block() -> None:
+    # One RDMA pod holds .1; pods of other workloads on the node hold the rest of the block.
+    others = (HeldAddresses(namespace="web", name="w", node=NODE,
+                            ips=("192.168.0.2", "192.168.0.3", "192.168.0.4")),)  # fmt: skip
+    (finding,) = ours(cluster(held_addresses=others))
+    assert (finding.rule, finding.evidence["used"], finding.evidence["counted"]) == (
+        "ip-pool-exhausted", 4, "network-status",
+    )  # fmt: skip
+
+
+def test_low_says_free_is_an_upper_bound_for_nv_ipam() -> None:
+    (low,) = ours(cluster(pods=(pod("a", "192.168.0.1"), pod("b", "192.168.0.2"))))
+    assert "has at most 2 of 4 addresses left" in low.message
+
+
+def test_pool_not_selecting_the_node_is_exhausted_for_it() -> None:
+    other = (SelectorTerm(match_expressions=(
+        Requirement(key="pool", operator="In", values=("storage",)),)),)  # fmt: skip
+    view = cluster(ip_pools=(sr(POOL, node_selector=other),),
+                   nodes={NODE: ClusterNode(name=NODE, labels={"pool": "gpu"})})  # fmt: skip
+    (finding,) = ours(view)
+    assert (finding.rule, finding.evidence["state"]) == ("ip-pool-exhausted", "not-selected")
+    assert "nodeSelector does not select gpu-001" in finding.message
+    assert "select the node in the pool's nodeSelector" in finding.message
+
+
+def test_pool_the_node_agent_refuses_is_exhausted_for_it() -> None:
+    overlapping = (("192.168.0.2", "192.168.0.3"), ("192.168.0.3", "192.168.0.3"))
+    (finding,) = ours(cluster(ip_pools=(sr(POOL, exclusions=overlapping),)))
+    assert (finding.rule, finding.evidence["state"]) == ("ip-pool-exhausted", "invalid")
+    assert "overlap" in finding.message
+
+
+def test_incremental_follows_the_addresses_other_pods_hold() -> None:
+    engine = IncrementalRules()
+    records = fleet()
+    before = cluster()
+    assert [f for f in engine.evaluate(records, (), before, T0 + 1) if f.rule in OURS] == []
+    held = (HeldAddresses(namespace="web", name="w", node=NODE,
+                          ips=("192.168.0.2", "192.168.0.3", "192.168.0.4")),)  # fmt: skip
+    after = cluster(held_addresses=held)
+    assert engine.starts_over((), after, DEFAULT_THRESHOLDS)
+    found = engine.evaluate(records, (), after, T0 + 2)
+    assert [f.rule for f in found if f.rule in OURS] == ["ip-pool-exhausted"]

@@ -40,7 +40,6 @@ def _counters(**kw: Any) -> Scenario:
 
 
 FIRES_AND_RESOLVES = [
-    pytest.param(Scenario(counters=(batch("n1"),)), {("n1", "snapshot")}, id="no-snapshot"),
     pytest.param(_counters(rates={"counters/symbol_error": math.nan}), {P0}, id="nan-rate"),
     pytest.param(_counters(rates={"counters/symbol_error": -3.0}), {P0}, id="negative-rate"),
     pytest.param(_counters(rates={"rx_bytes": math.inf}), {P0}, id="infinite-rate"),
@@ -70,6 +69,21 @@ def test_absurd_input_is_a_data_quality_finding(
     assert hits("data-quality", scenario) == expected
     clean = fleet_of(node("n1"), counters=(batch("n1", port_counters()),))
     assert hits("data-quality", clean) == set()
+
+
+def test_no_snapshot_yet_is_not_bad_data_until_missing_after_has_passed() -> None:
+    """A first contact often starts with a counter batch or status (the aggregator just
+    started): nothing fires for what this process has not observed yet."""
+    first_contact = Scenario(counters=(batch("n1"),), now=T0 + 1)
+    assert {f.rule for f in first_contact.findings()} == set()
+    assert hits("snapshot-missing", Scenario(counters=(batch("n1"),), now=T0 + 30)) == set()
+    late = Scenario(counters=(batch("n1"),), now=T0 + 31)
+    assert hits("snapshot-missing", late) == {("n1", "snapshot")}
+    assert hits("data-quality", late) == set()
+    (finding,) = [f for f in late.findings() if f.rule == "snapshot-missing"]
+    assert finding.evidence == {"first_seen": T0, "age_s": 31.0}
+    arrived = fleet_of(node("n1"), counters=(batch("n1"),), now=T0 + 31)
+    assert hits("snapshot-missing", arrived) == set()
 
 
 def test_reset_of_an_unwatched_counter_is_not_reported() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from aggregator.cluster import NO_CLUSTER
 from aggregator.rules import (
+    adapterloss,
     attachments,
     clockskew,
     counters,
@@ -45,6 +46,7 @@ FAMILIES = (
     (counters, "counters"),
     (versions, "versions"),
     (fleetpolicy, "fleet"),
+    (adapterloss, "fleet"),
     (pluginconfig, "fleet"),
     (attachments, "fleet"),
     (dataquality, "data"),

@@ -149,3 +149,21 @@ def test_rails_are_compared_within_one_fabric_and_one_policy() -> None:
         node("eth2", roce("mlx5_0", "0000:1a:00.0", "10.0.9.3")),
     )
     assert hits("rail-mismatch", odd) == {("eth2", "mlx5_0")}
+
+
+def test_rails_without_a_majority_tell_one_story_and_blame_no_node() -> None:
+    """Two different machines in one pool (the demo's H100 and A100 nodes): before, every
+    adapter of both was "rate_gbps ... (peers: no majority)"."""
+    split = fleet_of(
+        node("a", adapter(), adapter("mlx5_1", "0000:1a:00.0")),
+        node("b", adapter(rate=200.0), adapter("mlx5_1", "0000:1a:00.0", rate=200.0)),
+    )
+    found = [f for f in split.findings() if f.rule == "rail-mismatch"]
+    assert [(f.node, f.subject) for f in found] == [(None, "pool/-/InfiniBand")]
+    (story,) = found
+    assert story.evidence == {"policy": None, "link_layer": "InfiniBand", "rails": "0,1"}
+    assert "rail 0: rate_gbps 200.0 on 1 node, 400.0 on 1 node; rail 1:" in story.message
+    assert "its own NicFleetPolicy" in story.message
+    # With a majority the odd adapter is named, and no pool story is told.
+    third = fleet_of(*split.snapshots, node("c", adapter(), adapter("mlx5_1", "0000:1a:00.0")))
+    assert hits("rail-mismatch", third) == {("b", "mlx5_0"), ("b", "mlx5_1")}

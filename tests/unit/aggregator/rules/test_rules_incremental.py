@@ -242,7 +242,8 @@ TestIncrementalEqualsFull = Machine.TestCase
 def test_every_rule_is_classified_once() -> None:
     assert sorted((*NODE_RULES, *FLEET_RULES)) == sorted(RULE_IDS)
     assert not set(NODE_RULES) & set(FLEET_RULES)
-    assert set(TIME_RULES) == {"agent-stale"} and set(PEER_RULES) == set(FLEET_RULES)
+    assert set(TIME_RULES) == {"agent-stale", "snapshot-missing"}
+    assert set(PEER_RULES) == set(FLEET_RULES)
 
 
 def _peer(snap: NodeSnapshot, policies: tuple[Policy, ...] = ()) -> Peer:
@@ -281,12 +282,14 @@ CX7 = "0x1021"
             {("InfiniBand", True): (4092, True)},
         ),
         (links.MTU_MISMATCH, [node("a", adapter(mtu=0))], {}),
-        # Firmware: fleet majority, versions seen, adapters of the model.
+        # Firmware per model and PSID: the majority and whether several versions run (the
+        # counts ride along, outside equality: a joining node re-judges nobody).
         (
             versions.FW_SKEW,
             [node("a"), node("b", adapter(fw="28.39.1002"))],
-            {CX7: (None, "28.39.1002,28.41.1000", True)},
+            {("fw", CX7, None): versions.Spread(None, True)},
         ),
+        # Driver stacks by kind: versions with versions, inbox builds with builds.
         (
             versions.DRIVER_SKEW,
             [
@@ -294,7 +297,10 @@ CX7 = "0x1021"
                 node("b", modules={"mlx5_core": "1"}),
                 node("c", modules={"mlx5_core": None}),
             ],
-            {"mlx5_core": ("1,inbox", "1")},
+            {
+                ("driver", "mlx5_core", "version"): versions.Spread("1", False),
+                ("driver", "mlx5_core", "srcversion"): versions.Spread("mlx5_core=none", False),
+            },
         ),
         # Rail i of a pool (policy, compute link layer): at least two members, majority
         # subnet/rate/layer among known values.
@@ -304,15 +310,14 @@ CX7 = "0x1021"
                 node("a", roce("mlx5_0", "0:0", "10.0.0.1")),
                 node("b", roce("mlx5_0", "0:0", "10.0.1.1", rate=None)),
             ],
-            {("rail", None, "Ethernet", 0): (True, (None, 100.0, "Ethernet"))},
+            {("rail", None, "Ethernet", 0): fleetpolicy.RailFact(True, (None, 100.0, "Ethernet"))},
         ),
         (
             fleetpolicy.RAIL_MISMATCH,
             [node("a")],
             {
-                ("rail", None, "InfiniBand", 0): (
-                    False,
-                    ("fe80:0000:0000:0000", 400.0, "InfiniBand"),
+                ("rail", None, "InfiniBand", 0): fleetpolicy.RailFact(
+                    False, ("fe80:0000:0000:0000", 400.0, "InfiniBand")
                 )
             },
         ),
@@ -382,7 +387,10 @@ def test_the_alert_engine_rules_are_the_incremental_ones() -> None:
 
 
 _due_ops = st.lists(
-    st.tuples(st.sampled_from("abcd"), st.none() | st.just(math.nan) | st.integers(0, 40))
+    st.tuples(
+        st.sampled_from("abcd"),
+        st.none() | st.just(math.nan) | st.just(math.inf) | st.integers(0, 40),
+    )
     | st.integers(0, 40),  # a time to advance to (forwards or back)
     max_size=60,
 )
@@ -427,3 +435,13 @@ def test_due_nodes_wake_at_their_due_time_and_sleep_when_the_clock_goes_back() -
     assert due.advance(T0) == {"b"} and due.active == {"c"}  # the clock went back
     due.reschedule("c", None)  # node removed
     assert due.advance(T0 + 100) == set() and due.active == {"a", "b"}
+
+
+def test_due_nodes_never_wake_a_node_due_at_infinity() -> None:
+    due = DueNodes()
+    due.reschedule("a", T0 + 30)
+    due.reschedule("a", math.inf)  # e.g. snapshot-missing once the snapshot arrived
+    due.reschedule("b", math.inf)
+    assert due.advance(T0 + 1e9) == set() and due.active == set()
+    due.reschedule("b", T0 + 10)  # e.g. the node came back without a snapshot
+    assert due.advance(T0 + 10) == set() and due.active == {"b"}

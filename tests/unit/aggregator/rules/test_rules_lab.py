@@ -80,6 +80,8 @@ def test_two_roce_nodes_together(tmp_path: Path) -> None:
     one = _snapshot(_rendered(tmp_path, "roce-cx6dx"), "roce-cx6dx")
     two = _snapshot(_rendered(tmp_path, "roce-cx6dx-2"), "roce-cx6dx-2")
     assert _rows(_evaluate(one, two)) == [
+        # 22.39.1002 on 4 of the 6 ConnectX-6 Dx: one fleet-wide story, two odd adapters.
+        ("warning", "fw-skew", None, "ConnectX-6 Dx/MT_0000000359"),
         ("warning", "gpu-nic-affinity", "roce-cx6dx", "0000:cb:00.0"),
         ("warning", "fw-skew", "roce-cx6dx-2", "mlx5_0"),
         ("warning", "fw-skew", "roce-cx6dx-2", "mlx5_1"),

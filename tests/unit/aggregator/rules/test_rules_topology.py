@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from proto.inventory import Pcie, Platform
+from proto.inventory import IommuGroup, Pcie, Platform
 from tests.support.rules_cases import Scenario, adapter, fleet_of, gpu, hits, node, policy_doc
 
 G0 = "0000:18:00.0"
 BRIDGE = "0000:17:00.0"
 PEER = Platform(peermem=True)
+
+
+def _iommu(kind: str) -> Platform:
+    groups = tuple(
+        IommuGroup(pci_address=address, group=str(n), type=kind)
+        for n, address in enumerate(("0000:19:00.0", G0))
+    )
+    return Platform(peermem=True, iommu=True, iommu_groups=groups)
 
 
 def _affinity(relation: str) -> Scenario:
@@ -48,9 +56,14 @@ FIRES_AND_RESOLVES = [
         {("n1", "nvidia_peermem")}, id="peermem-missing-gpus-and-rdma"),
     pytest.param(
         "iommu-translated",
-        fleet_of(node("n1", gpus=(gpu(G0),), platform=Platform(peermem=True, iommu=True))),
+        fleet_of(node("n1", gpus=(gpu(G0),), platform=_iommu("DMA-FQ"))),
+        fleet_of(node("n1", gpus=(gpu(G0),), platform=_iommu("identity"))),
+        {("n1", "iommu")}, id="iommu-translated-then-iommu-pt"),
+    pytest.param(
+        "iommu-translated",
+        fleet_of(node("n1", gpus=(gpu(G0),), platform=_iommu("DMA"))),
         fleet_of(node("n1", gpus=(gpu(G0),), platform=Platform(peermem=True, iommu=False))),
-        {("n1", "iommu")}, id="iommu-translated"),
+        {("n1", "iommu")}, id="iommu-translated-then-off"),
     pytest.param(
         "numa-unknown",
         fleet_of(node("n1", adapter(numa=None), gpus=(gpu(G0, numa=1),))),
@@ -79,8 +92,10 @@ DOES_NOT_FIRE = [
     pytest.param("peermem-missing", fleet_of(
         node("n1", gpus=(gpu(G0),), platform=Platform(peermem=False)),
         policies=policy_doc(expect={"gpuDirect": False})), id="peermem-gpudirect-off"),
-    pytest.param("iommu-translated", fleet_of(node("n1", platform=Platform(iommu=True))),
+    pytest.param("iommu-translated", fleet_of(node("n1", platform=_iommu("DMA-FQ"))),
                  id="iommu-no-gpus"),
+    pytest.param("iommu-translated", fleet_of(node("n1", gpus=(gpu(G0),),
+                 platform=Platform(peermem=True, iommu=True))), id="iommu-mode-unknown"),
     pytest.param("numa-unknown", fleet_of(node("n1", adapter(numa=None), gpus=(gpu(G0, None),))),
                  id="numa-single-socket"),
 ]  # fmt: skip

@@ -67,7 +67,7 @@ def test_a_resource_gone_from_the_node_is_one_broken_link() -> None:
 def test_an_unknown_pod_names_itself_and_close_names() -> None:
     with pytest.raises(UnknownPod) as caught:
         traced("t-00")
-    assert str(caught.value).startswith("pod 'ml/t-00' not found: no pod of that name requests")
+    assert str(caught.value).startswith("pod 'ml/t-00' not found: no pod of that name attaches")
     assert caught.value.suggestions[0] == "ml/t-0"
     with pytest.raises(UnknownPod, match="has no Kubernetes API"):
         traced("t-0", ClusterView())

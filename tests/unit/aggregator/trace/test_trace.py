@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from aggregator.cluster import ClusterNode, ClusterView, NetworkAttachment, PodRequest
+from aggregator.fleet.adapterhistory import AdapterHistory, ResourcePeak
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.chain import LINK_NAMES, UnknownNode, UnknownResource, trace
 from proto.http import Trace, ValidationRecord
@@ -62,6 +63,7 @@ class World:
     in_fleet: bool = True
     has_snapshot: bool = True
     allocatable: dict[str, str] | None = field(default_factory=lambda: {RES: "2"})
+    capacity: dict[str, str] = field(default_factory=dict)
     pods: tuple[PodRequest, ...] = (
         PodRequest(namespace="ml", name="train-0", node=NODE, phase="Running", requests={RES: 1}),
         PodRequest(namespace="ml", name="train-1", phase="Pending", requests={RES: 1}),
@@ -72,6 +74,7 @@ class World:
     cluster_present: bool = True
     now: float = T0 + 5
     validation: ValidationRecord | None = VALIDATED
+    adapters: AdapterHistory | None = None  # what the agent process showed before
 
     def fleet(self) -> dict[str, NodeRecord]:
         if not self.in_fleet:
@@ -82,8 +85,9 @@ class World:
                 snapshot(NODE, devices=self.devices), modules=self.modules
             )
         record = NodeRecord(
-            name=NODE, snapshot=snap, first_seen=T0, last_seen=T0, device_plugin=self.status
-        )
+            name=NODE, snapshot=snap, first_seen=T0, last_seen=T0, device_plugin=self.status,
+            adapters=self.adapters,
+        )  # fmt: skip
         return {NODE: record}
 
     def cluster(self) -> ClusterView:
@@ -91,7 +95,9 @@ class World:
             return ClusterView()
         nodes = {"gpu-002": ClusterNode(name="gpu-002")}
         if self.allocatable is not None:
-            nodes[NODE] = ClusterNode(name=NODE, allocatable=self.allocatable)
+            nodes[NODE] = ClusterNode(
+                name=NODE, allocatable=self.allocatable, capacity=self.capacity
+            )
         return ClusterView(present=True, nodes=nodes, pods=self.pods, attachments=self.attachments)
 
     def trace(self, node: str = NODE, resource: str = RES) -> Trace:
@@ -140,7 +146,8 @@ def test_healthy_chain() -> None:
     result = HEALTHY.trace()
     assert [link.name for link in result.links] == list(LINK_NAMES)
     assert [link.status for link in result.links] == ["ok"] * len(LINK_NAMES)
-    assert (result.ok, result.first_broken) == (True, None)
+    assert (result.verdict, result.ok, result.first_broken) == ("ok", True, None)
+    assert result.verdict_reason == "every link holds"
     assert all(link.cause is None and link.fix is None for link in result.links)
     by_name = {link.name: link for link in result.links}
     assert by_name["adapter"].evidence["selected"] == ["mlx5_0", "mlx5_1"]
@@ -161,7 +168,12 @@ def test_no_cluster_leaves_kubernetes_links_unknown() -> None:
     statuses = {link.name: link.status for link in result.links}
     assert statuses["allocatable"] == statuses["pods"] == "unknown"
     assert result.links[7].evidence == {"cluster": "no cluster"}
-    assert (result.ok, result.first_broken) == (True, None)
+    # Not judged is not ok: the verdict says which links it could not judge.
+    assert (result.verdict, result.ok, result.first_broken) == ("unknown", False, None)
+    assert result.verdict_reason == (
+        "6 links not judged (components, allocatable, pods, scheduling, attachment, ip-pool); "
+        "nothing broken"
+    )
 
 
 def test_resource_served_without_a_policy() -> None:
@@ -337,10 +349,80 @@ def test_stale_agent_still_checks_the_last_known_data() -> None:
     assert result.links[3].status == "broken"
 
 
-def test_one_adapter_down_is_still_ok_but_named() -> None:
-    result = replace(HEALTHY, devices=(DOWN[0], ADAPTERS[1])).trace()
-    assert result.links[3].status == "ok"
-    assert result.links[3].evidence["adapters_down"] == ["mlx5_0"]
+def test_one_adapter_down_degrades_the_chain_and_names_it() -> None:
+    unhealthy = {"mlx5_0": "no port ACTIVE/LinkUp (1:DOWN/Disabled)"}
+    world = replace(
+        HEALTHY,
+        devices=(DOWN[0], ADAPTERS[1]),
+        status=served(healthy=1, unhealthy=unhealthy),
+        allocatable={RES: "1"},
+        capacity={RES: "2"},
+    )
+    result = world.trace()
+    by_name = {link.name: link for link in result.links}
+    rdma = by_name["rdma-device"]
+    assert rdma.status == "degraded"
+    assert rdma.evidence["adapters_down"] == rdma.evidence["degraded_adapters"] == ["mlx5_0"]
+    assert rdma.cause == (
+        "1 of 2 selected adapters up; no active port on the selected adapters (mlx5_0/1): "
+        "no physical link"
+    )
+    advertised = by_name["advertised"]
+    assert advertised.status == "degraded"
+    assert (
+        advertised.cause
+        == "1 of 2 devices healthy (mlx5_0: no port ACTIVE/LinkUp (1:DOWN/Disabled))"
+    )
+    assert by_name["allocatable"].status == "degraded"
+    assert "offers 1 of 2 rdma/ib" in (by_name["allocatable"].cause or "")
+    assert (result.verdict, result.ok, result.first_broken) == ("degraded", False, None)
+    assert result.verdict_reason == (
+        "capacity reduced on mlx5_0 (rdma-device, advertised, allocatable)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("generation", "status"),
+    [pytest.param(1, "degraded", id="same-config"), pytest.param(2, "ok", id="new-config")],
+)
+def test_fewer_advertised_than_the_agents_peak_is_degraded(generation: int, status: str) -> None:
+    peak = ResourcePeak(advertised=2, devices=("mlx5_0", "mlx5_1"), config_generation=1, at=T0)
+    world = replace(
+        HEALTHY,
+        devices=ADAPTERS[:1],  # mlx5_1 unregistered: the plugin serves mlx5_0 only
+        status=plugin_status(
+            NODE, resource_status(RES, devices=("mlx5_0",)), generation=generation
+        ),
+        adapters=AdapterHistory(epoch=0, since=T0, peaks={RES: peak}),
+    )
+    result = world.trace()
+    advertised = result.links[6]
+    assert advertised.status == status
+    if status == "degraded":
+        assert advertised.cause == (
+            "1 advertised over 1 adapter, down from 2 over 2 adapters since the agent started "
+            "(same config): mlx5_1 no longer served"
+        )
+        assert advertised.evidence["degraded_adapters"] == ["mlx5_1"]
+        assert result.verdict == "degraded"
+
+
+def test_a_shared_resource_with_one_adapter_unhealthy_is_degraded() -> None:
+    # Shared device IDs stay Healthy while any adapter is: `unhealthy` names the one down.
+    unhealthy = {"mlx5_0": "no port ACTIVE/LinkUp (1:DOWN/Disabled)"}
+    world = replace(HEALTHY, status=served(advertised=64, unhealthy=unhealthy))
+    link = world.trace().links[6]
+    assert (link.status, link.evidence["degraded_adapters"]) == ("degraded", ["mlx5_0"])
+    assert link.cause == (
+        "1 of 2 selected adapters unhealthy (mlx5_0: no port ACTIVE/LinkUp (1:DOWN/Disabled)); "
+        "the 64 shared devices run on the others"
+    )
+
+
+def test_every_adapter_down_is_broken_not_degraded() -> None:
+    result = replace(HEALTHY, devices=DOWN, status=served(healthy=0)).trace()
+    assert (result.verdict, result.first_broken) == ("broken", 3)
+    assert result.verdict_reason.startswith("link 3 (rdma-device): no active port")
 
 
 def test_unknown_node_suggests_close_names() -> None:
@@ -367,7 +449,7 @@ def test_unknown_resource_names_what_the_node_has(resource: str) -> None:
 def test_served_only_status_fields_are_the_agents_account() -> None:
     status: ResourceStatus = resource_status(RES, devices=("mlx5_1",), advertised=64)
     result = replace(HEALTHY, status=plugin_status(NODE, status), attachments=()).trace()
-    assert result.ok
+    assert result.verdict == "unknown"  # no NAD: attachment and ip-pool cannot be judged
     assert result.links[2].evidence["drivers"] == {"mlx5_1": "mlx5_core"}
 
 
