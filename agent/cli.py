@@ -31,6 +31,8 @@ from agent.deviceplugin.advertised import (
 from agent.deviceplugin.checkconfig import device_plugin
 from agent.deviceplugin.configsource import config_sources
 from agent.deviceplugin.registration import RegistrationMode
+from agent.dra.cli import dra
+from agent.dra.pluginrunner import DraSettings
 from agent.errors import AgentError
 from agent.host.inventory import collect_snapshot
 from agent.host.procfs import Procfs
@@ -277,6 +279,15 @@ def _check_metrics_addr(
     help="Where the CDI spec file is written.",
 )
 @click.option("--no-topology", is_flag=True, help="Do not attach NUMA TopologyInfo to devices.")
+@click.option("--dra", is_flag=True, help="Run the DRA kubelet plugin (driver rdma.nicfleet.io; "
+              "registers in --plugins-registry-dir, CDI specs in --cdi-dir).")  # fmt: skip
+@click.option(
+    "--dra-claims-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DraSettings().claims_dir,
+    show_default=True,
+    help="With --dra: where allocated ResourceClaims of this node are read (<uid>.json).",
+)
 @click.option(
     "--metrics-addr",
     metavar="HOST:PORT",
@@ -328,6 +339,8 @@ class RunFlags:
     no_topology: bool
     metrics_addr: tuple[str, int] | None
     proc_root: Path | None = None
+    dra: bool = False
+    dra_claims_dir: Path = DraSettings().claims_dir
 
 
 def _check_run_flags(flags: RunFlags) -> None:
@@ -356,6 +369,7 @@ def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSett
         desired_config=flags.desired_config,
     ).plugin
     # With the device plugin on, a dead port must turn Unhealthy within 100 ms.
+    plugin = plugin or flags.dra  # the DRA health stream has the same 100 ms aim
     poll = flags.state_poll_interval
     return AgentSettings(
         node_name=node_name,
@@ -383,6 +397,13 @@ def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSett
             topology=not flags.no_topology,
         ),
         metrics_addr=flags.metrics_addr,
+        dra=DraSettings(
+            plugins_registry_dir=flags.plugins_registry_dir,
+            cdi_dir=flags.cdi_dir,
+            claims_dir=flags.dra_claims_dir,
+        )
+        if flags.dra
+        else None,
     )
 
 
@@ -402,3 +423,4 @@ async def _serve(settings: AgentSettings) -> None:
 main.add_command(lab)
 main.add_command(verify)
 main.add_command(device_plugin)
+main.add_command(dra)

@@ -25,7 +25,11 @@ checks this tree, and its (retryable) marks, against the code.
     ├── FaultError            a lab fault whose target does not exist (a ValueError)
     ├── RenderError           a lab tree cannot be written where asked
     ├── LabInputError         bad `nicfleet-agent lab` arguments (a click.ClickException)
-    └── ConfigCheckInputError bad `device-plugin check-config` input (a click.ClickException)
+    ├── ConfigCheckInputError bad `device-plugin check-config` input (a click.ClickException)
+    ├── PrepareError          a DRA claim that cannot be prepared here (per claim; others can)
+    ├── InvalidClaim          a DRA claim object that is malformed or not the one asked for
+    ├── ClaimUnavailable      a DRA claim's allocation is not known yet (retryable)
+    └── CheckpointError       the DRA checkpoint file cannot be read as one (kept aside)
 
 Outside the tree on purpose: `agent.host.deadlines.ReadAbandoned` is a BaseException that
 ends a worker thread stuck in a read, so that no `except Exception` on the way stops it.

@@ -28,6 +28,7 @@ from agent.counters.reader import CounterReader
 from agent.deviceplugin.advertised import AdvertisedResources, DevicePluginSettings
 from agent.deviceplugin.configsource import ConfigSources, Served, config_sources
 from agent.deviceplugin.liveconfig import LiveConfig
+from agent.dra.pluginrunner import DraPlugin, DraSettings
 from agent.errors import CollectionTimeout
 from agent.host.inventory import collect_snapshot
 from agent.host.portstates import PortStateReader
@@ -86,6 +87,7 @@ class AgentSettings:
     metrics_addr: tuple[str, int] | None = None  # serve /metrics on (host, port); None: off
     # Answers to the aggregator's resync requests: random delay, at most one per interval.
     republish: RepublishPolicy = field(default_factory=RepublishPolicy)
+    dra: DraSettings | None = None  # the DRA kubelet plugin (`--dra`); None: off
 
 
 class AgentService:
@@ -146,6 +148,9 @@ class AgentService:
         self.desired: DesiredConfigWatcher | None = None
         if self.sources.plugin:
             self._wire_device_plugin()
+        self.dra: DraPlugin | None = None
+        if settings.dra is not None:
+            self.dra = DraPlugin(settings.dra, node=settings.node_name)
         self.metrics: MetricsServer | None = None
         if settings.metrics_addr is not None:
             self.metrics = MetricsServer(agent_registry(self), *settings.metrics_addr)
@@ -249,6 +254,8 @@ class AgentService:
                 tasks.create_task(self._status_loop(stop))
             if self.metrics is not None:
                 tasks.create_task(self.metrics.run(stop))
+            if self.dra is not None:
+                tasks.create_task(self.dra.run(stop))
 
     async def _connect(self, stop: asyncio.Event) -> None:
         if await self._publisher.connect(stop):
@@ -268,6 +275,8 @@ class AgentService:
     def _feed_plugin(self) -> None:
         if self.plugin is not None and self._snapshot is not None:
             self.plugin.update(self._snapshot, self._poll.states or {})
+        if self.dra is not None and self._snapshot is not None:
+            self.dra.update(self._snapshot, self._poll.states or {})
 
     async def _snapshot_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

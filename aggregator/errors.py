@@ -27,6 +27,10 @@ AggregatorError
 ├── ValidationUnavailable   no Kubernetes API to create validation pods in, HTTP 503
 ├── BadParameter            an API query or path parameter that fails validation (400)
 ├── CalloutRequestError     an auth-callout request not signed by a server (a ValueError)
+├── IpamError               an IP pool the IPAM plugin would refuse for every pod (a ValueError)
+├── InvalidObject           a DRA document that is not the object it should be (a ValueError)
+├── CelCompileError         a DRA CEL selector that does not compile (a ValueError)
+├── CelRuntimeError         a DRA CEL selector that failed on a device (a ValueError)
 ├── BodyError               a request body over its size/depth bound or not JSON (a ValueError)
 ├── PagingError             a bad `limit`, `offset` or `continue` (a ValueError)
 ├── TokenFileError          an API token file that cannot be used (a ValueError)
@@ -34,7 +38,8 @@ AggregatorError
 ├── ServiceNotStarted       the service's runtime was used before it started (a RuntimeError)
 ├── CtlError                nicfleetctl: a failed command (a click.ClickException)
 │   ├── ApiError              the API answered with an error
-│   │   └── NodeNotFound        a node the aggregator does not know, with close matches
+│   │   ├── NodeNotFound        a node the aggregator does not know, with close matches
+│   │   └── UnknownName         a filter names no node, rule or resource it knows (exit 1)
 │   ├── BadInput              the request was rejected as invalid (exit 2)
 │   ├── Unreachable           the aggregator could not be reached (retryable)
 │   └── AuthRefused           the API refused the token

@@ -17,6 +17,8 @@ from typing import Final
 
 import msgspec
 
+from aggregator.errors import AggregatorError
+
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Counting every block of a pool walks them; past this many, holes are not looked for.
 MAX_WALK: Final = 1 << 16
@@ -44,7 +46,7 @@ class AddressSet(msgspec.Struct, frozen=True):
         return f"{_text(self.version, self.lo)}-{_text(self.version, self.hi)}"
 
 
-class IpamError(Exception):
+class IpamError(AggregatorError, ValueError):
     """The plugin would refuse this configuration for every pod; the message says why."""
 
 

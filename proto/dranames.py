@@ -13,13 +13,15 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from proto.errors import ProtoError
+
 DRIVER: Final = "rdma.nicfleet.io"
 MAX_NAME: Final = 63
 _LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SHARE: Final = re.compile(r"^(?P<base>.+)-s(?P<index>0|[1-9][0-9]*)$")
 
 
-class InvalidDeviceName(ValueError):
+class InvalidDeviceName(ProtoError, ValueError):
     """A name that is not (or cannot become) a DRA device name, with the reason."""
 
 

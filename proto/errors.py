@@ -13,6 +13,8 @@ checks this tree against the code).
     ├── PolicyError         a NicFleetPolicy document that is not valid
     ├── GoJsonError         a document Go's encoding/json would refuse (proto.gojson)
     ├── InvalidNodeName     not a Kubernetes node name, so no subject token
+    ├── InvalidDeviceName   not (convertible to) a DRA device name (proto.dranames)
+    ├── InvalidSliceSettings  ResourceSlice settings that describe no pool (proto.draslices)
     ├── InvalidValidationId not a subject token (or a Pod name suffix)
     └── NatsSecurityError   a NATS credential or TLS setting that cannot be used (runtime)
 """

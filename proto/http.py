@@ -50,6 +50,26 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float  # received_at - observed_at; negative means clock skew
 
 
+# The GPUDirect RDMA memory-registration paths a node can use: dma-buf (open NVIDIA kernel
+# modules, Linux 5.12+), peermem (nvidia_peermem / nv_peer_mem loaded), both, none, or
+# unknown (the snapshot cannot tell). The IOMMU's DMA mode for the GPUs and adapters.
+GpuDirectPathState = Literal["both", "dma-buf", "peermem", "none", "unknown"]
+IommuMode = Literal["off", "passthrough", "translated", "unknown"]
+
+
+class GpuDirect(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's GPUDirect facts as the tuned-host rules judge them (peermem-missing,
+    iommu-translated), computed by the aggregator from the node's snapshot."""
+
+    path: GpuDirectPathState
+    paths: tuple[Literal["dma-buf", "peermem"], ...]  # usable, preferred first
+    path_reason: str  # one sentence: why this path, or why none / unknown
+    iommu: IommuMode
+    iommu_reason: str  # where the mode comes from (group types, command line)
+    nvidia_kernel_module: Literal["open", "proprietary"] | None
+    kernel_release: str | None
+
+
 class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
     summary: NodeSummary
     first_seen: float
@@ -59,6 +79,7 @@ class NodeDetail(msgspec.Struct, frozen=True, kw_only=True):
     counters_received_at: float | None
     device_plugin: DevicePluginStatus | None
     events: tuple[EventView, ...]  # oldest first
+    gpudirect: GpuDirect | None = None  # None: no snapshot yet (or an older aggregator)
 
 
 class ResourceOnNode(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +94,8 @@ class ResourceOnNode(msgspec.Struct, frozen=True, kw_only=True):
     # the config's valid ones); the field at fault (configList[1].resourcePrefix) and why.
     config_path: str | None = None
     config_error: str | None = None
+    # Why every device is Unhealthy whatever the adapters' health (ResourceStatus's).
+    unhealthy_reason: str | None = None
 
 
 class ResourceSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -130,6 +130,31 @@ class Device(Base, frozen=True, kw_only=True):
     pci_path: tuple[str, ...] = ()
     ports: tuple[Port, ...] = ()
     errors: tuple[ReadError, ...] = ()
+    # Added for DRA (docs/dra.md, "ResourceSlices"); an older agent sends none of them.
+    # An mlx5 sub-function's RDMA device hangs off an auxiliary device below its PF
+    # (`mlx5_core.sf.<n>`): its name, and the SF number (`sfnum`) where readable. The PCI
+    # fields above are then the PF's.
+    auxiliary_device: str | None = None
+    sf_number: int | None = None
+    # A RoCE LAG bond (mlx5_bond_<n>): the PCI functions of the bonded netdev's lower
+    # devices, address order. The RDMA device's own PCI fields are the first PF's.
+    lag_functions: tuple[str, ...] = ()
+    # The PCI VPD read-only keywords SN (board serial) and VU (NVIDIA's vendor-unique id)
+    # of the function; null where the VPD is absent or unreadable (it is root-only).
+    vpd_serial: str | None = None
+    vpd_vuid: str | None = None
+
+
+class DataDirectFunction(Base, frozen=True, kw_only=True):
+    """A ConnectX-8 Data Direct PCI function (15b3:2100): the DMA engine a NIC uses to
+    reach GPU memory over the GPU's own PCIe root. It has no RDMA device of its own."""
+
+    pci_address: str
+    pci_path: tuple[str, ...] = ()  # as Device.pci_path
+    numa_node: int | None = None
+    driver: str | None = None  # mlx5_data_direct when bound
+    vpd_serial: str | None = None
+    vpd_vuid: str | None = None
 
 
 class Gpu(Base, frozen=True, kw_only=True):
@@ -155,6 +180,7 @@ class ModuleInfo(Base, frozen=True, kw_only=True):
 
 
 NvidiaModuleFlavour = Literal["open", "proprietary"]
+RdmaNetnsMode = Literal["shared", "exclusive"]
 
 
 class IommuGroup(Base, frozen=True, kw_only=True):
@@ -183,6 +209,11 @@ class Platform(Base, frozen=True, kw_only=True):
     # Flavour of the loaded nvidia.ko (module taint P = proprietary licence); null: not
     # loaded or not told. dma-buf GPUDirect RDMA needs the open one.
     nvidia_kernel_module: NvidiaModuleFlavour | None = None
+    # The RDMA subsystem's network-namespace mode (ib_core netns_mode, what `rdma system
+    # show netns` prints): shared, every RDMA device usable from every netns; exclusive,
+    # each device only in the one netns it was moved to. Null: not read (ib_core not
+    # loaded, a kernel before 5.2 without the parameter, or an older agent).
+    rdma_netns_mode: RdmaNetnsMode | None = None
 
 
 class NodeSnapshot(
@@ -209,3 +240,6 @@ class NodeSnapshot(
     # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
     # its own clock, the same in every message of one process; 0: an agent older than epochs.
     epoch: int = 0
+    # ConnectX-8 Data Direct functions (address order); () from an older agent or a node
+    # without them.
+    data_direct: tuple[DataDirectFunction, ...] = ()

@@ -33,7 +33,7 @@ from proto.nicpolicysections import (
     secondary_network_notes,
     status_notes,
 )
-from proto.operatorwebhook import webhook_notes
+from proto.operatorwebhook import node_overlaps, section_conflicts, webhook_notes
 from proto.sriovdp import sriov_notes
 
 Verdict = Literal["would-not-start", "advertises", "no-inventory"]
@@ -60,17 +60,25 @@ class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
     verdict: Verdict
     reason: str | None = None  # why it would not start
     resources: tuple[ResourceVerdict, ...] = ()
+    # What nicfleet's own plugin does on a node where upstream would not start for the
+    # node's RDMA netns mode (exclusive); None elsewhere.
+    nicfleet_instead: str | None = None
+    # Set when the node's RDMA netns mode is unknown: the verdict holds only if it is shared.
+    netns_caveat: str | None = None
 
     @property
     def sentence(self) -> str:
         if self.verdict == "would-not-start":
-            return f"upstream would not start: {self.reason}"
+            instead = f"; {self.nicfleet_instead}" if self.nicfleet_instead else ""
+            return f"upstream would not start: {self.reason}{instead}"
         if self.verdict == "no-inventory":
             return "no inventory for this node"
         parts = []
         for r in self.resources:
             said = f"upstream advertises {r.advertised} for {r.resource}"
             parts.append(f"{said}: {r.why}" if r.advertised == 0 and r.why else said)
+        if self.netns_caveat:
+            parts.append(self.netns_caveat)
         return "; ".join(parts)
 
 
@@ -95,6 +103,9 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
         found: list[Severity] = [n.severity for p in self.policies for n in p.notes]
         found += ["critical" for p in self.policies if p.start_failure is not None]
         found += [
+            "critical" for p in self.policies for v in p.nodes if v.verdict == "would-not-start"
+        ]
+        found += [
             "warning"
             for p in self.policies
             for v in p.nodes
@@ -116,11 +127,109 @@ def audit(
     `selected` (NicNodePolicy name -> the nodes its nodeSelector matches, from the live
     fleet's labels) narrows a node policy to its nodes. Snapshots carry no labels."""
     chosen = selected or {}
+    found = [audit_policy(obj, snapshots, selected_nodes=chosen.get(_name(obj))) for obj in objs]
+    extra = overlap_notes(objs, sorted(snapshots), selected)
     return AuditReport(
         policies=tuple(
-            audit_policy(obj, snapshots, selected_nodes=chosen.get(_name(obj))) for obj in objs
+            msgspec.structs.replace(p, notes=p.notes + tuple(extra[i])) if extra.get(i) else p
+            for i, p in enumerate(found)
         )
     )
+
+
+def overlap_notes(
+    objs: Sequence[Mapping[str, Any]],
+    nodes: Sequence[str],
+    selected: Mapping[str, frozenset[str]] | None,
+) -> dict[int, list[Note]]:
+    """The webhook's policy-overlap refusals (pkg/policyoverlap), keyed by the index in
+    `objs` of the NicNodePolicy they are reported on: a section it sets that a
+    NicClusterPolicy sets too, and nodes it selects that an earlier NicNodePolicy of the
+    file selects too (`kubectl apply -f` creates them in file order: the later is refused).
+    Which nodes a nodeSelector picks is known only from the live fleet's labels
+    (`selected` names every NicNodePolicy); from snapshots only selectors are compared."""
+    notes: dict[int, list[Note]] = {}
+    clusters = [(_name(o), _map(o.get("spec"))) for o in objs if _kind(o) == "NicClusterPolicy"]
+    policies = [(i, o) for i, o in enumerate(objs) if _kind(o) == "NicNodePolicy"]
+    known = selected is not None and all(_name(o) in selected for _, o in policies)
+    reach = {_name(o): _reach(o, selected if known else None) for _, o in policies}
+    for i, obj in policies:
+        name, spec = _name(obj), _map(obj.get("spec"))
+        for cluster, cluster_spec in clusters:
+            for section in section_conflicts(cluster_spec, spec):
+                message = (
+                    f"NicClusterPolicy {cluster} sets {section} too: the operator's webhook "
+                    f"refuses whichever of the two is created or updated second (both would "
+                    f"deploy it on {reach[name]})"
+                )
+                notes.setdefault(i, []).append(_overlap(f"spec.{section}", message))
+    for later, (i, obj) in enumerate(policies):
+        for _, earlier in policies[:later]:
+            note = _node_overlap(earlier, obj, selected if known else None, nodes)
+            if note is not None:
+                notes.setdefault(i, []).append(note)
+    return notes
+
+
+def _reach(obj: Mapping[str, Any], selected: Mapping[str, frozenset[str]] | None) -> str:
+    selector = node_selector_of(obj)
+    if selected is not None:
+        return _nodes_text(sorted(selected[_name(obj)])) or "no node"
+    if not selector:
+        return "every node"
+    return "every node labelled " + _selector_text(selector)
+
+
+def _node_overlap(
+    earlier: Mapping[str, Any],
+    later: Mapping[str, Any],
+    selected: Mapping[str, frozenset[str]] | None,
+    nodes: Sequence[str],
+) -> Note | None:
+    a, b = _name(earlier), _name(later)
+    refused = (
+        f"the operator's webhook refuses NicNodePolicy {b} (created after {a}: the webhook "
+        f"refuses whichever of two overlapping NicNodePolicies is created or updated last)"
+    )
+    if selected is not None:
+        both = [n for n, _ in node_overlaps({a: selected[a], b: selected[b]})]
+        if not both:
+            return None
+        message = f"NicNodePolicies {a} and {b} both select {_nodes_text(both)}: {refused}"
+        return _overlap("spec.nodeSelector", message)
+    sa, sb = node_selector_of(earlier), node_selector_of(later)
+    if any(k in sb and sb[k] != v for k, v in sa.items()):
+        return None  # no node carries two values of one label
+    if not sa and not sb:
+        where = _nodes_text(list(nodes)) or "every node"
+        message = (
+            f"NicNodePolicies {a} and {b} have no nodeSelector, so both select every node "
+            f"({where}): {refused}"
+        )
+        return _overlap("spec.nodeSelector", message)
+    message = (
+        f"NicNodePolicies {a} and {b} both select any node labelled "
+        f"{_selector_text({**sa, **sb})}; snapshots carry no node labels, so whether such a "
+        f"node exists (and the webhook refuses {b}) is known only against the live fleet"
+    )
+    return Note(section="webhook", severity="info", path="spec.nodeSelector", message=message)
+
+
+def _overlap(path: str, message: str) -> Note:
+    return Note(section="webhook", severity="critical", path=path, message=message)
+
+
+def _nodes_text(nodes: Sequence[str]) -> str:
+    shown = ", ".join(nodes[:8])
+    return f"{shown} and {len(nodes) - 8} more" if len(nodes) > 8 else shown
+
+
+def _selector_text(selector: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def _kind(obj: Mapping[str, Any]) -> str:
+    return str(obj.get("kind") or "NicClusterPolicy")
 
 
 def node_selector_of(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -213,6 +322,14 @@ def _node_verdict(
 ) -> NodeVerdict:
     if not snap.devices and snap.errors:
         return NodeVerdict(node=snap.node, verdict="no-inventory")
+    netns = upstream.netns_check(snap.platform)
+    if netns.outcome == "exits":
+        return NodeVerdict(
+            node=snap.node,
+            verdict="would-not-start",
+            reason=netns.reason,
+            nicfleet_instead=_nicfleet_in_exclusive(config, nicfleet, whole, snap),
+        )
     found = upstream.adapters(snap)
     verdicts = []
     for i, resource in enumerate(config.resources):
@@ -230,7 +347,40 @@ def _node_verdict(
                 nicfleet_why=ours_why if differs else None,
             )
         )
-    return NodeVerdict(node=snap.node, verdict="advertises", resources=tuple(verdicts))
+    return NodeVerdict(
+        node=snap.node,
+        verdict="advertises",
+        resources=tuple(verdicts),
+        netns_caveat=netns.reason if netns.outcome == "unknown" else None,
+    )
+
+
+def _nicfleet_in_exclusive(
+    config: upstream.Config,
+    nicfleet: Sequence[ResourceConfig | InvalidResource],
+    whole: str | None,
+    snap: NodeSnapshot,
+) -> str:
+    """nicfleet's plugin starts in exclusive mode too, but a device stays in the host's
+    netns and ib_uverbs_open refuses (EPERM) a process of any other netns: it advertises a
+    shared resource with every device Unhealthy (agent.deviceplugin.plan, netns-exclusive)
+    and an exclusive one as usual (rdma-cni moves each adapter into its pod's netns)."""
+    counts = []
+    for i, resource in enumerate(config.resources):
+        ours = nicfleet[i] if i < len(nicfleet) else None
+        count, _ = _nicfleet_count(ours, whole, snap)
+        shared = not (isinstance(ours, ResourceConfig) and ours.exclusive)
+        counts.append(f"{resource.full_name} {count}" + (" (all Unhealthy)" if shared else ""))
+    return (
+        f"nicfleet's device plugin starts and would advertise {', '.join(counts)}: in"
+        " exclusive mode a pod in its own network namespace gets EPERM opening a shared"
+        " adapter's /dev/infiniband/uverbsN, so it advertises shared devices Unhealthy"
+        " (netns-exclusive; the kubelet allocates none, hostNetwork pods included) and"
+        " reports it at the char-devices and advertised links of trace. For shared resources:"
+        " drop the ib_core netns_mode=0 module option and reboot (rdma system set netns"
+        " shared fails with EBUSY while any other netns exists); else use dedicated devices"
+        " moved into each pod's netns (exclusive: true, SR-IOV VFs with rdma-cni)"
+    )
 
 
 def _zero_why(resource: upstream.Resource, prediction: upstream.Prediction) -> str:

@@ -1,17 +1,19 @@
 """The NVIDIA Network Operator webhook's refusals besides the device plugin configs and the
 OFED version (api/v1alpha1/validator/nicpolicy_webhook.go at b06827e): the image
-repositories, ibKubernetes' pKey GUID pool range, docaTelemetryService's ConfigMap name and
-ofedDriver's safeLoad. Each is a Note the audit reports as "the webhook refuses".
+repositories, the container resources, ibKubernetes' pKey GUID pool range,
+docaTelemetryService's ConfigMap name, ofedDriver's safeLoad, and (pkg/policyoverlap) a
+section set in both a NicClusterPolicy and a NicNodePolicy or a node two NicNodePolicies
+select. Each is a Note the audit reports as "the webhook refuses".
 
-Pure. Not checked here (their rule needs what the webhook has and the audit has not): the
-container resources (checked against the operator's rendered manifests), the overlap of a
-NicClusterPolicy's sections with NicNodePolicies', and the sriov config's JSON schema.
+Pure. Not checked here: the sriov config's JSON schema.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any, Final
 
 from proto.nicpolicysections import Note
@@ -23,6 +25,36 @@ REPOSITORY_SECTIONS: Final = (
     ("secondaryNetwork", "cniPlugins"), ("secondaryNetwork", "ipoib"),
     ("secondaryNetwork", "multus"),
 )  # fmt: skip
+# The containers of each state's Deployments and DaemonSets (spec.template.spec.containers,
+# not initContainers) as state.ParseContainerNames finds them in the manifests the webhook
+# renders with its dummy catalog (plain Kubernetes, so the OpenShift-only
+# openshift-driver-toolkit-ctr of state-ofed-driver is never among them). Read from
+# manifests/state-*/ at b06827e085c59726b699faffcc526342d4d8e395.
+CONTAINER_NAMES: Final[Mapping[tuple[str, ...], tuple[str, ...]]] = {
+    ("ofedDriver",): ("mofed-container",),  # state-ofed-driver/0050_ofed-driver-ds.yaml
+    ("rdmaSharedDevicePlugin",): ("rdma-shared-dp",),  # 0060_rdma-shared-dev-plugin-ds.yaml
+    ("sriovDevicePlugin",): ("kube-sriovdp",),  # 0030-sriov-dp-daemonset.yaml
+    ("ibKubernetes",): ("ib-kubernetes",),  # 0070-deployment.yaml
+    ("nvIpam",): ("nv-ipam-controller", "nv-ipam-node"),  # 040-nv-ipam-{controller,node}
+    ("nicFeatureDiscovery",): ("nic-feature-discovery",),  # 030-nic-feature-discovery-ds
+    ("secondaryNetwork", "cniPlugins"): ("cni-plugins",),  # 0010-container-networking-…
+    ("secondaryNetwork", "ipoib"): ("ipoib-cni",),  # 0050-ipoib-cni-ds.yml
+    ("secondaryNetwork", "multus"): ("kube-multus",),  # 0050-multus-ds.yml
+}
+# validateResources: the only resource names it takes; both must be non-zero.
+_COMPUTE: Final = ("cpu", "memory")
+# pkg/policyoverlap DetectSectionConflict's sections (a non-nil pointer is "set").
+OVERLAP_SECTIONS: Final = ("ofedDriver", "rdmaSharedDevicePlugin", "sriovDevicePlugin")
+# k8s.io/apimachinery resource.Quantity's grammar: a decimal number, then a binary-SI,
+# decimal-SI or e/E-exponent suffix.
+_QUANTITY: Final = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([a-zA-Z]*[-+]?[0-9]*)")
+_SUFFIXES: Final[Mapping[str, Fraction]] = {
+    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+    "P": Fraction(10**15), "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+}  # fmt: skip
+_EXPONENT: Final = re.compile(r"[eE]([-+]?[0-9]+)")
 _GUID: Final = re.compile(r"([0-9A-Fa-f]{2}:){7}[0-9A-Fa-f]{2}")
 # k8s.io/apimachinery IsDNS1123Subdomain.
 _DNS1123_SUBDOMAIN: Final = re.compile(
@@ -77,6 +109,7 @@ def webhook_notes(kind: str, spec: Mapping[str, Any]) -> list[Note]:
     if kind != "NicClusterPolicy":
         return notes
     notes += _repositories(spec)
+    notes += container_resource_notes(spec)
     notes += _ib_kubernetes(_map(spec.get("ibKubernetes")))
     telemetry = spec.get("docaTelemetryService")
     config = _map(telemetry).get("config") if isinstance(telemetry, Mapping) else None
@@ -86,6 +119,93 @@ def webhook_notes(kind: str, spec: Mapping[str, Any]) -> list[Note]:
             why = f"{name!r} is not a DNS-1123 subdomain (a ConfigMap name)"
             notes.append(_refused("spec.docaTelemetryService.config.fromConfigMap", why))
     return notes
+
+
+def parse_quantity(value: object) -> Fraction | None:
+    """A Kubernetes quantity (a string, or a YAML number) as an exact number; None when the
+    API server could not decode it (it then refuses the object before any webhook)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    found = _QUANTITY.fullmatch(str(value).strip())
+    if found is None:
+        return None
+    number, suffix = found[1], found[2]
+    try:
+        base = Fraction(Decimal(number))
+    except InvalidOperation:
+        return None
+    if suffix in _SUFFIXES:
+        return base * _SUFFIXES[suffix]
+    exponent = _EXPONENT.fullmatch(suffix)
+    return None if exponent is None else base * Fraction(10) ** int(exponent[1])
+
+
+def container_resource_notes(spec: Mapping[str, Any]) -> list[Note]:
+    """validateContainerResources for a NicClusterPolicy (the webhook does not check a
+    NicNodePolicy's): each containerResources entry names a container of that state's
+    manifests, takes only cpu and memory, none zero, and no limit below its request."""
+    notes = []
+    for path, containers in CONTAINER_NAMES.items():
+        section: object = spec
+        for key in path:
+            section = _map(section).get(key)
+        entries = _map(section).get("containerResources")
+        if not isinstance(section, Mapping) or not isinstance(entries, Sequence):
+            continue
+        where = "spec." + ".".join(path) + ".containerResources"
+        for i, entry in enumerate(entries):
+            notes += _resource_entry_notes(f"{where}[{i}]", _map(entry), containers)
+    return notes
+
+
+def _resource_entry_notes(
+    where: str, entry: Mapping[str, Any], containers: tuple[str, ...]
+) -> list[Note]:
+    notes = []
+    name = str(entry.get("name") or "")
+    if name not in containers:
+        supported = ", ".join(containers)
+        why = f"container {name!r} is not in this state's manifests (supported: {supported})"
+        notes.append(_refused(f"{where}.name", why))
+    amounts: dict[str, dict[str, Fraction]] = {}
+    for kind in ("requests", "limits"):
+        amounts[kind] = {}
+        for resource, raw in _map(entry.get(kind)).items():
+            path = f"{where}.{kind}.{resource}"
+            if resource not in _COMPUTE:
+                notes.append(_refused(path, f"{resource!r} is not supported (only cpu, memory)"))
+                continue
+            amount = parse_quantity(raw)
+            if amount is None:
+                why = f"{raw!r} is not a Kubernetes quantity: the API server refuses the object"
+                notes.append(Note(section="webhook", severity="critical", path=path, message=why))
+                continue
+            if amount == 0:
+                notes.append(_refused(path, f"the {kind[:-1]} for {resource} is zero"))
+            amounts[kind][str(resource)] = amount
+    for resource, limit in amounts["limits"].items():
+        request = amounts["requests"].get(resource)
+        if request is not None and limit < request:
+            why = f"the {resource} request is greater than the limit"
+            notes.append(_refused(f"{where}.requests.{resource}", why))
+    return notes
+
+
+def section_conflicts(cluster_spec: Mapping[str, Any], node_spec: Mapping[str, Any]) -> list[str]:
+    """The sections (OVERLAP_SECTIONS) set in both: the webhook refuses the NicNodePolicy or
+    the NicClusterPolicy, whichever is created or updated second."""
+    return [s for s in OVERLAP_SECTIONS
+            if cluster_spec.get(s) is not None and node_spec.get(s) is not None]  # fmt: skip
+
+
+def node_overlaps(selected: Mapping[str, frozenset[str]]) -> list[tuple[str, tuple[str, ...]]]:
+    """(node, the NicNodePolicies selecting it) for each node two or more select, by node;
+    `selected` maps a policy to its nodes (an empty nodeSelector selects every node)."""
+    by_node: dict[str, list[str]] = {}
+    for policy, nodes in selected.items():
+        for node in nodes:
+            by_node.setdefault(node, []).append(policy)
+    return [(n, tuple(sorted(p))) for n, p in sorted(by_node.items()) if len(p) > 1]
 
 
 def _safe_load(spec: Mapping[str, Any]) -> list[Note]:

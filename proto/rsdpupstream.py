@@ -11,7 +11,11 @@ Upstream facts this module encodes (pkg/types, pkg/resources, cmd/k8s-rdma-share
   as ghw writes them (lowercase 4-hex), the driver's name, the FIRST netdev name under the
   PCI function (ReadDir order: sorted), and that netdev's netlink encap type ("ether",
   "infiniband"), "" for an adapter without netdev;
-- a resource with at least one adapter advertises rdmaHcaMax devices (default 0), else 0.
+- a resource with at least one adapter advertises rdmaHcaMax devices (default 0), else 0;
+- after ValidateConfigs, ValidateRdmaSystemMode reads the RDMA subsystem's netns mode over
+  netlink (`rdma system show netns`): "exclusive" is `log.Fatalf("Exiting.. can not change :
+  incorrect RDMA subsystem network namespace")`; a kernel without the query (before 5.2,
+  EINVAL) logs "too old kernel to get RDMA subsystem" and goes on; any other error exits.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Final, Literal
 import msgspec
 
 from proto.gojson import GoJsonError, GoStruct, is_number, objects, parse_json, unmarshal
-from proto.inventory import Device, NodeSnapshot
+from proto.inventory import Device, NodeSnapshot, Platform
 
 SELECTOR_KEYS: Final = ("vendors", "deviceIDs", "drivers", "ifNames", "linkTypes")
 SELECTORS: Final = GoStruct("Selectors", dict.fromkeys(SELECTOR_KEYS, "[]string"))
@@ -94,6 +98,13 @@ class Adapter(msgspec.Struct, frozen=True, kw_only=True):
     link_type: str
     link_type_known: bool  # False: the snapshot lacks the netdev's type, link_type is a guess
     dropped: str | None = None  # why the plugin skips this adapter for every resource
+
+
+class NetnsCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """ValidateRdmaSystemMode on a node: whether the plugin gets past it, and why."""
+
+    outcome: Literal["starts", "exits", "unknown"]
+    reason: str
 
 
 class Unmatched(msgspec.Struct, frozen=True, kw_only=True):
@@ -256,6 +267,39 @@ def first_mismatch(resource: Resource, adapter: Adapter) -> Unmatched | None:
         hint = _hint(key, wanted, adapter)
         return Unmatched(adapter=adapter.pci_address, selector=key, reason=f"{reason}{hint}")
     return None
+
+
+def netns_check(platform: Platform) -> NetnsCheck:
+    """ValidateRdmaSystemMode from the snapshot's `rdma_netns_mode` (and, when the mode is
+    unknown, its kernel release: a kernel before 5.2 has neither the mode nor the query)."""
+    mode = platform.rdma_netns_mode
+    if mode == "exclusive":
+        return NetnsCheck(
+            outcome="exits",
+            reason="RDMA subsystem in exclusive netns mode: ValidateRdmaSystemMode fails and the"
+            ' plugin exits ("Exiting.. can not change : incorrect RDMA subsystem network'
+            ' namespace")',
+        )
+    if mode == "shared":
+        return NetnsCheck(outcome="starts", reason="RDMA subsystem in shared netns mode")
+    release = _kernel_version(platform.kernel_release)
+    if release is not None and release < (5, 2):
+        return NetnsCheck(
+            outcome="starts",
+            reason=f"kernel {platform.kernel_release} predates RDMA netns modes: the plugin"
+            ' logs "too old kernel to get RDMA subsystem" and goes on',
+        )
+    return NetnsCheck(
+        outcome="unknown",
+        reason="the RDMA netns mode is not in the snapshot (an agent older than the field, or"
+        " ib_core not loaded): whether upstream starts cannot be judged; it exits in"
+        " exclusive mode",
+    )
+
+
+def _kernel_version(release: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", release or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def webhook_errors(data: bytes | str) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ PROTOS: Final = (
     "proto/deviceplugin/pluginregistration.proto",
     "proto/dra/api.proto",
     "proto/dra/health.proto",
+    "proto/dra/healthv1alpha1.proto",
 )
 GENERATED_SUFFIXES: Final = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

@@ -220,10 +220,11 @@ class AdvertisedResources:
             return
         if res.feed.publish(plan):
             log.info(
-                "%s: %d devices, %d healthy",
+                "%s: %d devices, %d healthy%s",
                 name,
                 len(plan.devices),
                 plan.healthy_count,
+                f" ({plan.unhealthy_reason})" if plan.unhealthy_reason else "",
                 extra={"resource": name},
             )
 
@@ -259,6 +260,7 @@ class AdvertisedResources:
             excluded=dict(plan.excluded),
             unmatched=dict(plan.unmatched),
             unhealthy={a.name: a.reason or "unhealthy" for a in plan.adapters if not a.healthy},
+            unhealthy_reason=plan.unhealthy_reason,
             registration=runner.state,
             registration_mode=runner.mode,
             registration_error=runner.error,

@@ -17,7 +17,7 @@ from agent.deviceplugin.selectors import SelectedDevice, Selection
 from agent.errors import AgentError
 from proto.dpconfig import resource_full_name
 from proto.ibta import ACTIVE_STATES
-from proto.inventory import Device, NodeSnapshot, PortStateName
+from proto.inventory import Device, NodeSnapshot, Platform, PortStateName
 from proto.messages.config import ResourceConfig
 
 Health = Literal["Healthy", "Unhealthy"]
@@ -42,6 +42,15 @@ DEVICE_PERMISSIONS: Final = "rw"
 # than the API's 63 characters; anything past these is refused before any work is done.
 MAX_ID_LENGTH: Final = 63
 MAX_CONTAINERS: Final = 256
+# A shared resource on a node whose RDMA subsystem is in exclusive netns mode: every device
+# is advertised Unhealthy with this reason (ResourceStatus.unhealthy_reason).
+NETNS_EXCLUSIVE_REASON: Final = (
+    "netns-exclusive: the RDMA subsystem is in exclusive netns mode (ib_core netns_mode=N), "
+    "so a pod in its own network namespace gets EPERM opening a shared adapter's "
+    "/dev/infiniband/uverbsN; every device is advertised Unhealthy (hostNetwork pods "
+    "included: the kubelet allocates no Unhealthy device). Use an exclusive: true resource "
+    "with rdma-cni, or set the mode to shared"
+)
 
 
 class InvalidRequest(AgentError, ValueError):
@@ -76,6 +85,8 @@ class ResourcePlan:
     adapters: tuple[Adapter, ...]
     excluded: tuple[tuple[str, str], ...] = ()  # (adapter, reason): matched but unusable
     unmatched: tuple[tuple[str, str], ...] = ()  # (adapter, the selector it failed)
+    # Why every device is Unhealthy whatever the adapters' own health (netns-exclusive).
+    unhealthy_reason: str | None = None
 
     @property
     def healthy_count(self) -> int:
@@ -149,13 +160,15 @@ def plan_resource(
     Shared (default): `rdmaHcaMax` interchangeable IDs "0".."N-1" (the upstream plugin's
     IDs, so kubelet checkpoints survive a switch), Healthy while any selected adapter is;
     nothing is advertised when no adapter is selected. Exclusive: one ID per adapter (its
-    PCI address), each with its own health and NUMA node.
+    PCI address), each with its own health and NUMA node. A shared resource on a node in
+    exclusive RDMA netns mode keeps its IDs, all Unhealthy (netns_unhealthy_reason).
     """
     by_name = {d.name: d for d in snapshot.devices}
     adapters = tuple(_adapter(s, by_name.get(s.name), port_states) for s in selection.selected)
     excluded = tuple((e.device, e.reason) for e in selection.excluded)
     unmatched = tuple((e.device, e.reason) for e in selection.unmatched)
     name = resource_full_name(config)
+    blocked = netns_unhealthy_reason(config, snapshot.platform) if adapters else None
     if config.exclusive:
         devices = tuple(
             PluginDevice(
@@ -167,7 +180,8 @@ def plan_resource(
             for a in adapters
         )
     elif adapters:
-        health = HEALTHY if any(a.healthy for a in adapters) else UNHEALTHY
+        usable = blocked is None and any(a.healthy for a in adapters)
+        health = HEALTHY if usable else UNHEALTHY
         numa = _numa(adapters) if topology else ()
         names = tuple(a.name for a in adapters)
         devices = tuple(
@@ -183,7 +197,26 @@ def plan_resource(
         adapters=adapters,
         excluded=excluded,
         unmatched=unmatched,
+        unhealthy_reason=blocked,
     )
+
+
+def netns_unhealthy_reason(config: ResourceConfig, platform: Platform) -> str | None:
+    """Why a shared resource's devices cannot be used by pods on this node, or None.
+
+    In exclusive mode an RDMA device belongs to one netns (the host's until rdma-cni moves
+    it) and ib_uverbs_open refuses a process of any other netns (EPERM). Shared slots hand
+    the same adapters to many pods, so none can be moved: only hostNetwork pods could open
+    them, and a device plugin never learns whether a pod is one (Allocate carries device
+    IDs, not the pod). Advertising them Unhealthy rather than withholding the resource keeps
+    it on the node (capacity N, allocatable 0, the pod Pending "Insufficient") and lets it
+    come back without re-registration when the mode turns shared. An exclusive resource is
+    left alone: rdma-cni moves its adapter into the pod's netns. Mode unknown (kernel before
+    5.2, no ib_core parameter): as before.
+    """
+    if config.exclusive or platform.rdma_netns_mode != "exclusive":
+        return None
+    return NETNS_EXCLUSIVE_REASON
 
 
 def exclusive_id(adapter: Adapter) -> str:

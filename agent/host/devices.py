@@ -14,7 +14,7 @@ from typing import Final, NamedTuple
 
 from agent.counters import reader as counters
 from agent.errors import ReadErrorLog, ReadFailed
-from agent.host import parse, pci
+from agent.host import parse, pci, rdmakinds
 from agent.host.sysfs import SysDir, Sysfs, read_value
 from proto.inventory import Device, Gid, Interface, Port
 
@@ -76,8 +76,12 @@ def char_devices(sysfs: Sysfs, errors: ReadErrorLog) -> CharDevices:
     return CharDevices(found, [RDMA_CM_DEVICE] if sysfs.exists(RDMA_CM_CLASS) else [])
 
 
-def read_device(sysfs: Sysfs, name: str, chars: CharDevices) -> RdmaDevice:
-    """Everything nicfleet reports about `class/infiniband/<name>`."""
+def read_device(
+    sysfs: Sysfs, name: str, chars: CharDevices, *, read_vpd: bool = False
+) -> RdmaDevice:
+    """Everything nicfleet reports about `class/infiniband/<name>`. `read_vpd`: also the
+    function's VPD serial and VUID (slow: every VPD read goes to the card's EEPROM, so
+    only where a Data Direct function needs pairing)."""
     errors = ReadErrorLog()
     try:
         d = sysfs.dir(f"{INFINIBAND}/{name}")
@@ -86,6 +90,9 @@ def read_device(sysfs: Sysfs, name: str, chars: CharDevices) -> RdmaDevice:
         return RdmaDevice(Device(name=name, errors=errors.to_tuple()), None)
     fn: pci.PciFunction | None = None
     interfaces: tuple[Interface, ...] = ()
+    auxiliary: str | None = None
+    sfnum: int | None = None
+    lag: tuple[str, ...] = ()
     try:
         device_dir = d.child("device")
     except ReadFailed as failure:
@@ -93,6 +100,12 @@ def read_device(sysfs: Sysfs, name: str, chars: CharDevices) -> RdmaDevice:
     else:
         fn = pci.function_of(device_dir, errors)
         interfaces = read_interfaces(device_dir, errors)
+        auxiliary = rdmakinds.auxiliary_of(device_dir)
+        if auxiliary is not None:
+            sfnum = rdmakinds.sf_number(device_dir, errors)
+        if rdmakinds.is_bond(name):
+            lag = rdmakinds.lag_functions(sysfs, device_dir, interfaces, errors)
+    keywords = rdmakinds.read_vpd(fn.dir, errors) if read_vpd and fn is not None else {}
     ports = tuple(read_port(sysfs, d, n, errors) for n in counters.port_numbers(d, errors))
 
     def guid(attr: str) -> str | None:
@@ -126,6 +139,11 @@ def read_device(sysfs: Sysfs, name: str, chars: CharDevices) -> RdmaDevice:
         pci_path=fn.chain if fn else (),
         ports=ports,
         errors=errors.to_tuple(),
+        auxiliary_device=auxiliary,
+        sf_number=sfnum,
+        lag_functions=lag,
+        vpd_serial=keywords.get("SN"),
+        vpd_vuid=keywords.get("VU"),
     )
     return RdmaDevice(device, fn)
 

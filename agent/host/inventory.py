@@ -15,11 +15,12 @@ from typing import Final
 from agent.counters import reader as counters
 from agent.counters.reader import CounterReader
 from agent.errors import CollectionTimeout, ReadErrorLog
-from agent.host import devices, pci, platform, topology
+from agent.host import devices, pci, platform, rdmakinds, topology
 from agent.host.portstates import PortStateReader, collect_port_states
 from agent.host.procfs import Procfs
 from agent.host.sysfs import Sysfs
 from proto.inventory import (
+    DataDirectFunction,
     Device,
     Gpu,
     GpuNicRelation,
@@ -60,6 +61,7 @@ class _Collected:
     platform: Platform
     errors: tuple[ReadError, ...]
     nic_functions: tuple[str, ...] | None
+    data_direct: tuple[DataDirectFunction, ...]
 
 
 def collect_snapshot(
@@ -98,14 +100,17 @@ def collect_snapshot(
         platform=found.platform,
         errors=found.errors,
         nic_functions=found.nic_functions,
+        data_direct=found.data_direct,
     )
 
 
 def _collect(sysfs: Sysfs, procfs: Procfs | None) -> _Collected:
     errors = ReadErrorLog()
     chars = devices.char_devices(sysfs, errors)
+    data_direct = rdmakinds.find_data_direct(sysfs, errors)
     rdma = [
-        devices.read_device(sysfs, name, chars) for name in counters.device_names(sysfs, errors)
+        devices.read_device(sysfs, name, chars, read_vpd=bool(data_direct))
+        for name in counters.device_names(sysfs, errors)
     ]
     gpus = pci.find_gpus(sysfs, errors)
     nic_functions = pci.find_nic_functions(sysfs, errors)
@@ -120,6 +125,7 @@ def _collect(sysfs: Sysfs, procfs: Procfs | None) -> _Collected:
         platform=facts,
         errors=errors.to_tuple(),
         nic_functions=nic_functions,
+        data_direct=data_direct,
     )
 
 

@@ -1,5 +1,6 @@
 """Host facts around the adapters: kernel modules, GPUDirect peer memory and dma-buf,
-IOMMU (registered units, the adapters' and GPUs' group types, the command line), ACS.
+IOMMU (registered units, the adapters' and GPUs' group types, the command line), ACS,
+the RDMA subsystem's netns mode.
 
 Reads /sys/module, /sys/kernel/mm/memory_peers, /sys/class/iommu, /sys/kernel/iommu_groups,
 the PCI config space of the bridges between GPUs and NICs (decoded by the pure
@@ -14,12 +15,12 @@ from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
 from agent.errors import ParseError, ReadErrorLog, ReadFailed
-from agent.host import kernelparse, pciconfig, topology
+from agent.host import kernelparse, pciconfig, rdmanetns, topology
 from agent.host.parse import parse_string
 from agent.host.pci import PciFunction
 from agent.host.procfs import Procfs
 from agent.host.sysfs import ABSENT, Sysfs, read_value
-from proto.inventory import IommuGroup, ModuleInfo, NvidiaModuleFlavour, Platform
+from proto.inventory import IommuGroup, ModuleInfo, NvidiaModuleFlavour, Platform, RdmaNetnsMode
 
 T = TypeVar("T")
 
@@ -179,6 +180,24 @@ def read_nvidia_flavour(
     return _proc_value(procfs, "driver/nvidia/version", kernelparse.parse_nvidia_version, errors)
 
 
+def read_rdma_netns_mode(sysfs: Sysfs, errors: ReadErrorLog) -> RdmaNetnsMode | None:
+    """ib_core's netns_mode parameter; None when ib_core is not loaded or predates the
+    parameter (Linux 5.2): both are answers, not failures, so neither is recorded.
+
+    Read from sysfs, not over RDMA netlink (what `rdma system show netns` asks): the mode
+    is global, the agent reads nothing else over NETLINK_RDMA, and the file follows
+    run-time changes.
+    """
+    parent, _, name = rdmanetns.PARAMETER.rpartition("/")
+    try:
+        d = sysfs.dir(parent)
+    except ReadFailed as failure:
+        if failure.error != "ENOENT":
+            errors.add(failure)
+        return None
+    return read_value(d, name, rdmanetns.parse_netns_mode, errors, quiet=ABSENT)
+
+
 def _proc_value(
     procfs: Procfs, rel: str, parser: Callable[[str], T], errors: ReadErrorLog
 ) -> T | None:
@@ -216,4 +235,5 @@ def read_platform(
         kernel_cmdline_iommu=cmdline,
         kernel_release=release,
         nvidia_kernel_module=read_nvidia_flavour(sysfs, modules, procfs, errors),
+        rdma_netns_mode=read_rdma_netns_mode(sysfs, errors),
     )

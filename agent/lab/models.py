@@ -28,6 +28,7 @@ ADAPTER_MODELS: dict[str, AdapterModel] = {
     "ConnectX-6": AdapterModel("0x101b", "MT4123", LinkDefault(4), "0x101c"),
     "ConnectX-6 Dx": AdapterModel("0x101d", "MT4125", LinkDefault(4), "0x101e"),
     "ConnectX-7": AdapterModel("0x1021", "MT4129", LinkDefault(5), "0x101e"),
+    "ConnectX-8": AdapterModel("0x1023", "MT4131", LinkDefault(6), "0x101e"),
     "BlueField-2": AdapterModel("0xa2d6", "MT41686", LinkDefault(4), "0x101e"),
     "BlueField-3": AdapterModel("0xa2dc", "MT41692", LinkDefault(5), "0x101e"),
 }

@@ -39,6 +39,7 @@ AcsBits = Annotated[int, Meta(ge=0, le=0x7F)]  # SV TB RR CR UF EC DT
 Positive = Annotated[int, Meta(ge=1)]
 Mtu = Annotated[int, Meta(ge=68, le=65520)]
 Line = Annotated[str, Meta(pattern=r"^[^\n]*\Z")]  # written as one line of a sysfs file
+KernelRelease = Annotated[str, Meta(pattern=r"^\d+\.\d+[A-Za-z0-9._+~-]*\Z", max_length=64)]
 
 PortState = Literal["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"]
 PhysState = Literal[
@@ -48,11 +49,12 @@ PhysState = Literal[
 LinkLayer = Literal["InfiniBand", "Ethernet"]
 OperState = Literal["up", "down", "lowerlayerdown", "dormant", "unknown"]
 AdapterModelName = Literal[
-    "ConnectX-6", "ConnectX-6 Dx", "ConnectX-7", "BlueField-2", "BlueField-3"
+    "ConnectX-6", "ConnectX-6 Dx", "ConnectX-7", "ConnectX-8", "BlueField-2", "BlueField-3"
 ]  # fmt: skip
 GpuModel = Literal["H100 SXM5", "H100 PCIe", "A100 SXM4 80GB"]
 IommuGroupType = Literal["DMA", "DMA-FQ", "identity"]
 NvidiaFlavour = Literal["open", "proprietary"]
+NetnsMode = Literal["shared", "exclusive"]
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -168,6 +170,24 @@ class Sriov(_Spec, frozen=True, kw_only=True):
     rdma: bool = False  # give every VF its own RDMA device (mlx5_N after the PFs')
 
 
+class Vpd(_Spec, frozen=True, kw_only=True):
+    """A function's PCI VPD: the card's identifier string and read-only keywords."""
+
+    identifier: Line = "NVIDIA ConnectX-8 SuperNIC"
+    part_number: Line = "900-9X81Q-00CN-ST0"
+    serial: Line  # SN, the board serial: the same on every function of one card
+    vuid: Line | None = None  # VU, NVIDIA's vendor-unique id (Data Direct pairing)
+
+
+class SubFunction(_Spec, frozen=True, kw_only=True):
+    """An mlx5 sub-function of a PF: auxiliary device mlx5_core.sf.<n> with its own RDMA
+    device (a port like the PF's first) and, optionally, a netdev."""
+
+    name: Name  # its RDMA device, mlx5_N
+    sfnum: Annotated[int, Meta(ge=0, le=0xFFFFFFFF)]
+    netdev: IfName | None = None
+
+
 class Adapter(_Spec, frozen=True, kw_only=True):
     """One PCI function = one RDMA device (mlx5 gives each port of a card its own)."""
 
@@ -191,6 +211,8 @@ class Adapter(_Spec, frozen=True, kw_only=True):
     sriov: Sriov | None = None
     counters_ext: bool = False  # pre-4.5 kernel layout: 32-bit counters/ + counters_ext/
     ports: Annotated[list[Port], Meta(min_length=1)]
+    vpd: Vpd | None = None  # None: no vpd file
+    sub_functions: list[SubFunction] = []
 
     def numbered_ports(self) -> list[tuple[int, Port]]:
         return [(p.number or i + 1, p) for i, p in enumerate(self.ports)]
@@ -202,6 +224,26 @@ class Adapter(_Spec, frozen=True, kw_only=True):
 
     def pci_device(self) -> str:
         return self.device or ADAPTER_MODELS[self.model].device
+
+
+class DataDirect(_Spec, frozen=True, kw_only=True):
+    """A ConnectX-8 Data Direct function (15b3:2100): no RDMA device, its own PCIe root
+    (usually the GPU's), paired with its NIC by the VPD."""
+
+    address: PciAddress
+    parent: ParentRef
+    vpd: Vpd
+    driver: Name | None = "mlx5_data_direct"
+    link: Link | None = None
+
+
+class Bond(_Spec, frozen=True, kw_only=True):
+    """A RoCE LAG: the RDMA device of the first member PF is renamed `name` and the others
+    have none; a bond netdev is master of the members' netdevs (each port 1's)."""
+
+    name: Annotated[str, Meta(pattern=r"^mlx5_bond_[0-9]+\Z")]
+    netdev: IfName = "bond0"
+    members: Annotated[list[PciAddress], Meta(min_length=2)]
 
 
 class Module(_Spec, frozen=True, kw_only=True):
@@ -221,10 +263,20 @@ class NodeSpec(_Spec, frozen=True, kw_only=True):
     iommu_group_type: IommuGroupType = "DMA-FQ"
     # The flavour of nvidia.ko, seen in module/nvidia/taint (P: proprietary licence).
     nvidia_kernel_module: NvidiaFlavour = "proprietary"
+    # procfs (agent.lab.procfs, the tree's proc/): /proc/sys/kernel/osrelease, and
+    # /proc/cmdline; null: derived from the IOMMU fields (intel_iommu=on, iommu=pt).
+    kernel_release: KernelRelease = "5.15.0-105-generic"
+    kernel_cmdline: Line | None = None
+    # The RDMA subsystem's netns mode, in module/ib_core/parameters/netns_mode when ib_core
+    # is among `modules`: shared as a kernel boots, exclusive as after `rdma system set
+    # netns exclusive`; null: a kernel before 5.2, which has no such parameter.
+    rdma_netns_mode: NetnsMode | None = "shared"
     host_bridges: Annotated[list[HostBridge], Meta(min_length=1)]
     switches: list[Switch] = []
     gpus: list[Gpu] = []
     adapters: list[Adapter] = []
+    data_direct: list[DataDirect] = []
+    bonds: list[Bond] = []
 
 
 def guid_text(guid: str) -> str:

@@ -14,10 +14,11 @@ from pathlib import Path
 from msgspec import UNSET
 
 from agent.errors import AgentError
-from agent.lab import pciconfig
+from agent.lab import pciconfig, rdmakinds
 from agent.lab.layout import Function, Layout, buses, iommu_groups, multifunction, plan
 from agent.lab.models import srcversion_of
 from agent.lab.nodespec import NodeSpec, module_of, parse_cpulist
+from agent.lab.procfs import render_proc
 from agent.lab.rdma import port_gids, rate_text, vf_adapters, write_adapter, write_rdma_cm
 
 __all__ = [
@@ -52,7 +53,7 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
     cpus = {numa: parse_cpulist(text) for numa, text in sorted(spec.numa_nodes.items())}
     all_cpus = sorted(c for group in cpus.values() for c in group)
     nbits = spec.possible_cpus or (all_cpus[-1] + 1 if all_cpus else 1)
-    layout = plan(spec)
+    layout = rdmakinds.with_data_direct(spec, plan(spec))
     for address, fn in layout.functions.items():
         d = layout.dirs[address]
         _write_pci_function(tree, layout, fn)
@@ -62,9 +63,11 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
         tree.write(f"{d}/local_cpulist", cpulist_text(local) + "\n")
         tree.write(f"{d}/local_cpus", cpumask_text(local, nbits) + "\n")
     ifindex, umad = 2, 0  # ifindex 1 is lo
-    for index, adapter in enumerate([*spec.adapters, *vf_adapters(spec, layout)]):
+    rdma_adapters = rdmakinds.rdma_adapters(spec, [*spec.adapters, *vf_adapters(spec, layout)])
+    for index, adapter in enumerate(rdma_adapters):
         fn_dir = layout.dirs[adapter.address]
         ifindex, umad = write_adapter(tree, spec.name, adapter, fn_dir, index, ifindex, umad)
+    ifindex, umad = rdmakinds.write_kinds(tree, spec, layout, len(rdma_adapters), ifindex, umad)
     write_rdma_cm(tree)
     for name, value in sorted(spec.modules.items()):
         module = module_of(value)
@@ -77,8 +80,11 @@ def render(spec: NodeSpec, root: Path, *, overwrite: bool = False) -> None:
         if isinstance(srcversion, str):
             tree.write(f"module/{name}/srcversion", f"{srcversion}\n")
         tree.write(f"module/{name}/taint", f"{module_taint(spec, name, module.version)}\n")
+    if "ib_core" in spec.modules and spec.rdma_netns_mode is not None:
+        tree.write("module/ib_core/parameters/netns_mode", netns_mode_text(spec.rdma_netns_mode))
     _write_iommu(tree, spec, layout)
     _write_system(tree, cpus, nbits)
+    render_proc(spec, root)  # proc/ beside the sysfs files: the kernel facts
     tree.write(MARKER, json.dumps({"node": spec.name, "format": 1}) + "\n")
 
 
@@ -90,6 +96,11 @@ def module_taint(spec: NodeSpec, name: str, version: str | None) -> str:
     if name == "nvidia" and spec.nvidia_kernel_module == "proprietary":
         return "PO"
     return "O" if version is not None or name.startswith("nvidia") else ""
+
+
+def netns_mode_text(mode: str) -> str:
+    """ib_core's netns_mode as param_get_bool writes it: Y (shared) or N (exclusive)."""
+    return "Y\n" if mode == "shared" else "N\n"
 
 
 def cpulist_text(cpus: list[int]) -> str:

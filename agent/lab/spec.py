@@ -13,7 +13,7 @@ import msgspec
 
 from agent.errors import AgentError
 from agent.lab.checks import problems
-from agent.lab.nodespec import NodeSpec
+from agent.lab.nodespec import NodeSpec, bridge_of
 from proto.subjects import InvalidNodeName, validate_node_name
 
 
@@ -48,6 +48,42 @@ def check_spec(spec: NodeSpec, file: str = "<spec>") -> None:
     """Raise a SpecError for the first semantic problem (see checks.py)."""
     for path, message in problems(spec):
         raise SpecError(file, path, message)
+    for path, message in _kind_problems(spec):
+        raise SpecError(file, path, message)
+
+
+def _kind_problems(spec: NodeSpec) -> list[tuple[str, str]]:
+    """Data Direct functions, bonds and sub-functions (agent/lab/rdmakinds.py) refer to
+    the rest of the spec: parents that exist, members that are adapters, unique names."""
+    found: list[tuple[str, str]] = []
+    bridges = {hb.name for hb in spec.host_bridges}
+    bridges |= {bridge_of(rp).address for hb in spec.host_bridges for rp in hb.root_ports}
+    bridges |= {bridge_of(d).address for sw in spec.switches for d in sw.downstream}
+    taken = {a.address for a in spec.adapters} | {g.address for g in spec.gpus} | bridges
+    for i, dd in enumerate(spec.data_direct):
+        if dd.parent not in bridges:
+            found.append((f"$.data_direct[{i}].parent", f"no root or downstream port {dd.parent}"))
+        if dd.address in taken:
+            found.append((f"$.data_direct[{i}].address", f"duplicate PCI address {dd.address}"))
+        taken.add(dd.address)
+    adapters = {a.address: a for a in spec.adapters}
+    in_bond: set[str] = set()
+    for i, bond in enumerate(spec.bonds):
+        for j, member in enumerate(bond.members):
+            if member not in adapters:
+                found.append((f"$.bonds[{i}].members[{j}]", f"no adapter at {member}"))
+            elif adapters[member].ports[0].netdev is None:
+                found.append((f"$.bonds[{i}].members[{j}]", "a bond member needs a netdev"))
+            if member in in_bond:
+                found.append((f"$.bonds[{i}].members[{j}]", f"{member} is in two bonds"))
+            in_bond.add(member)
+    names = [a.name for a in spec.adapters] + [b.name for b in spec.bonds]
+    for a, adapter in enumerate(spec.adapters):
+        for n, sf in enumerate(adapter.sub_functions):
+            if sf.name in names:
+                found.append((f"$.adapters[{a}].sub_functions[{n}].name", f"{sf.name} is taken"))
+            names.append(sf.name)
+    return found
 
 
 def load_spec(path: Path) -> NodeSpec:

@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from aggregator import __version__
 from aggregator.api.auth import ApiAuth, auth_middleware, same_origin_middleware
 from aggregator.api.chain import add_chain_routes
+from aggregator.api.dra import add_dra_routes
 from aggregator.api.errors import BadParameter, error_response, json_response
 from aggregator.api.labelselect import Requirement, parse_selector, selected
 from aggregator.api.limits import HttpLimits
@@ -46,6 +47,7 @@ from aggregator.fleet.state import Fleet
 from aggregator.fleet.summaries import SummaryCache
 from aggregator.fleet.views import describe, node_state
 from aggregator.reconcile.loop import ReconcileReport
+from aggregator.rules.gpudirect import gpudirect_of
 from proto.codec import to_json
 from proto.http import NODE_STATES, NodeState, NodeSummary, ValidationRecord
 from proto.policy import Policy
@@ -194,7 +196,10 @@ class _Api:
                 field="node",
                 suggestions=tuple(close),
             )
-        return json_response(describe(record, self.clock(), self.settings.stale_after))
+        detail = describe(record, self.clock(), self.settings.stale_after)
+        if detail.snapshot is not None:  # computed here: rules sit above fleet's views
+            detail = msgspec.structs.replace(detail, gpudirect=gpudirect_of(detail.snapshot))
+        return json_response(detail)
 
     async def get_policy(self, request: web.Request) -> web.Response:
         """Effective policies; with a reconciler also its per-node plan, state and errors."""
@@ -269,6 +274,7 @@ def build_app(
         stale_after=settings.stale_after,
         latest_validation=latest_validation,
     )
+    add_dra_routes(app, fleet=fleet)
     app.router.add_get(OPENAPI_PATH, _openapi_handler(auth, reviewed=token_review is not None))
     return app
 

@@ -12,6 +12,7 @@ from typing import Final
 from aggregator.api.alerts import STATUSES
 from aggregator.api.auth import METRICS_PATH
 from aggregator.api.chain import POD_TRACE_PATH
+from aggregator.api.dra import SLICES_PATH
 from aggregator.api.jsonbody import BODY_TIMEOUT, MAX_BODY, MAX_DEPTH
 from aggregator.api.labelselect import MAX_SELECTOR_LENGTH, SELECTOR_PATTERN
 from aggregator.api.openapischemas import (
@@ -122,6 +123,22 @@ OPERATIONS: Final[Mapping[str, Schema]] = {
     "/api/v1/policy": {
         "summary": "Effective policies; with a reconciler also its per-node plan and errors.",
         "responses": {"200": json_response("Policies.", POLICY_VIEW)},
+    },
+    SLICES_PATH: {
+        "summary": "The rdma.nicfleet.io ResourceSlices (resource.k8s.io/v1) of every node "
+        "with a snapshot, as a Kubernetes List.",
+        "responses": {
+            "200": json_response(
+                "Slices.",
+                obj(
+                    ["kind", "items", "count"],
+                    kind=STRING,
+                    items=array({"type": "object"}),
+                    count=INT,
+                ),
+            ),
+            "400": error_response(BAD_QUERY),
+        },
     },
     "/api/v1/findings": {
         "summary": "Current findings of the rule engine, most severe first.",

@@ -126,10 +126,12 @@ def live_snapshots(server: str) -> list[NodeSnapshot]:
 
 def live_selections(server: str, objs: list[dict[str, Any]]) -> dict[str, frozenset[str]]:
     """NicNodePolicy name -> the live fleet's nodes its nodeSelector matches, by the API's
-    `label` filter (the aggregator reads the nodes' labels from the cluster); {} when the
-    aggregator knows no labels (no cluster: not one node has kubernetes.io/hostname)."""
+    `label` filter (the aggregator reads the nodes' labels from the cluster); an empty
+    nodeSelector selects every node, as the operator's webhook lists them for its overlap
+    check. {} when the aggregator knows no labels (no cluster: not one node has
+    kubernetes.io/hostname)."""
     found: dict[str, frozenset[str]] = {}
-    wanted = [o for o in objs if o.get("kind") == "NicNodePolicy" and node_selector_of(o)]
+    wanted = [o for o in objs if o.get("kind") == "NicNodePolicy"]
     if not wanted:
         return found
     with AggregatorClient(server) as client:
@@ -138,8 +140,12 @@ def live_selections(server: str, objs: list[dict[str, Any]]) -> dict[str, frozen
         )
         if not labelled["items"]:
             return found
+        every = frozenset(str(item.get("name")) for item in labelled["items"])
         for obj in wanted:
             selector = node_selector_of(obj)
+            if not selector:
+                found[str((obj.get("metadata") or {}).get("name") or "")] = every
+                continue
             query = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
             body = client.get_fleet(
                 "/api/v1/nodes", {"label": query}, key=lambda item: str(item.get("name"))
@@ -167,6 +173,8 @@ def _policy_lines(policy: PolicyAudit) -> list[str]:
         if verdict.verdict != "advertises":
             lines.append(f"  {verdict.node}: {verdict.sentence}")
             continue
+        if verdict.netns_caveat:
+            lines.append(f"  {verdict.node}: {verdict.netns_caveat}")
         for r in verdict.resources:
             said = f"upstream advertises {r.advertised} for {r.resource}"
             if r.advertised == 0 and r.why:

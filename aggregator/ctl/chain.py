@@ -268,13 +268,17 @@ def _render_resources(console: Console, items: tuple[ResourceSummary, ...], *, w
 
 
 def _print_config_notes(console: Console, items: tuple[ResourceSummary, ...]) -> None:
-    """One line per node that leaves a resource out of its config (it serves the others)."""
+    """One line per node that leaves a resource out of its config (it serves the others),
+    and per node where every device is Unhealthy for a node-wide reason (netns-exclusive)."""
     for r in items:
         for n in r.nodes:
             if n.config_error is not None or n.config_path is not None:
                 where = n.config_path or "the entry"
                 why = n.config_error or "no reason given"
                 text = f"note: {r.name} on {n.node} is not served: {where}: {why}"
+                console.print(Text(text, style="yellow"))
+            if n.unhealthy_reason is not None:
+                text = f"note: {r.name} on {n.node}: every device unhealthy: {n.unhealthy_reason}"
                 console.print(Text(text, style="yellow"))
 
 

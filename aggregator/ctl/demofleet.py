@@ -37,6 +37,10 @@ DEMO_NODES: tuple[tuple[str, str], ...] = (
 )
 FAULT_NODE, FAULT_DEVICE, FAULT_PORT = "gpu-ib-01", "mlx5_3", 1
 KUBELET_STATE = "lab-kubelet.json"  # what `nicfleet-agent lab kubelet` writes per dir
+# Where `lab render` puts a tree's procfs files (agent.lab.procfs.PROC_DIR; nicfleetctl may
+# not import the agent): the kernel release, command line and NVIDIA driver flavour, so the
+# demo's nodes report the facts a real agent reads from /proc.
+LAB_PROC = "proc"
 # Ports, counters and devices reach an agent at once (its 100 ms poll, 1 s counters); a
 # PCIe width or ACS change only at its next inventory, every 300 s by default: the demo's
 # agents re-read every 10 s so `lab fault pcie-width` shows while one watches (~30 ms each).
@@ -192,6 +196,7 @@ def running_fleet(
             config.write_text(json.dumps(plugin_config(node), indent=2) + "\n")
             fleet.spawn(f"agent-{node}", ["-m", "agent", "run", "--nats-url", fleet.nats_url,
                                           "--sysfs-root", str(workdir / node),
+                                          "--proc-root", str(workdir / node / LAB_PROC),
                                           "--node-name", node, "--nats-nkey-seed-file",
                                           keys["agent_seeds"][node],
                                           "--device-plugin-config", str(config),

@@ -217,6 +217,10 @@ for _command in (trace, resources, findings, alerts, validate):
 from aggregator.ctl.audit import audit_group  # noqa: E402
 
 cli.add_command(audit_group, name="audit")
+
+from aggregator.ctl.claim import claim  # noqa: E402
+
+cli.add_command(claim)
 # Typo-proof filters: an unknown node, rule or resource is exit 1 with close matches.
 add_name_checks(findings, names.FINDINGS)
 add_name_checks(alerts, names.ALERTS)

@@ -41,6 +41,7 @@ AUDIT_RULE_IDS: Final = (
     "nvidia-policy-invalid",
     "nvidia-policy-nicfleet-differs",
     "nvidia-policy-section",
+    "nvidia-rdma-netns-exclusive",
     "selector-matches-nothing",
 )
 _WHERE: Final[dict[Kind, str]] = {

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from proto.http import EventView, NodeDetail, NodeSummary
+from proto.http import EventView, GpuDirect, NodeDetail, NodeSummary
 from proto.ibta import ACTIVE_STATES
 from proto.inventory import Device, Port
 
@@ -150,6 +150,9 @@ def render_node(
         ),
     )
     header.add_row("Down ports:", Text(_join(s.ports_down)))
+    if view.gpudirect is not None:
+        header.add_row("GPUDirect:", _gpudirect_text(view.gpudirect, gpus=s.gpus))
+        header.add_row("IOMMU:", Text(f"{view.gpudirect.iommu} ({view.gpudirect.iommu_reason})"))
     if s.errors:
         header.add_row("Read errors:", Text(str(s.errors)))
     console.print(header)
@@ -180,6 +183,13 @@ def render_node(
         return
     console.print(Text(f"Events (last {len(events)} of {len(view.events)}, oldest first):"))
     console.print(_events_table(events, now))
+
+
+def _gpudirect_text(gd: GpuDirect, *, gpus: int) -> Text:
+    """`dma-buf, peermem (dma-buf: ...; peermem: ...)`: the paths, then why."""
+    shown = ", ".join(gd.paths) if gd.paths else gd.path
+    style = "red" if gd.path == "none" and gpus else "yellow" if gd.path == "unknown" else ""
+    return Text.assemble((shown, style), f" ({gd.path_reason.rstrip('.')})")
 
 
 def _ports_table(devices: Iterable[Device], *, wide: bool) -> Table:

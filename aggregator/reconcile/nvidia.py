@@ -20,11 +20,13 @@ AuditRule = Literal[
     "selector-matches-nothing",  # advertises 0 on every node (a registry rule's id too)
     "nvidia-policy-nicfleet-differs",  # nicfleet would advertise otherwise
     "nvidia-policy-section",  # ofedDriver, secondaryNetwork, sriov, status
+    "nvidia-rdma-netns-exclusive",  # upstream exits on a node in exclusive netns mode
 ]
 RULE_INVALID: Final = "nvidia-policy-invalid"
 RULE_MATCHES_NOTHING: Final = "selector-matches-nothing"
 RULE_DIFFERS: Final = "nvidia-policy-nicfleet-differs"
 RULE_SECTION: Final = "nvidia-policy-section"
+RULE_NETNS: Final = "nvidia-rdma-netns-exclusive"
 # Every rule id the audit's findings carry, with the severities each can have: they are not
 # in the rule registry (the audit is not a rule over the fleet), docs/rules.md lists them.
 AUDIT_RULES: Final[Mapping[str, tuple[Severity, ...]]] = MappingProxyType(
@@ -33,6 +35,7 @@ AUDIT_RULES: Final[Mapping[str, tuple[Severity, ...]]] = MappingProxyType(
         RULE_MATCHES_NOTHING: ("warning",),
         RULE_DIFFERS: ("warning",),
         RULE_SECTION: ("critical", "warning"),  # a Note's severity; info notes are not findings
+        RULE_NETNS: ("critical",),
     }
 )
 
@@ -60,6 +63,7 @@ def findings_of(report: PolicyAudit) -> tuple[Finding, ...]:
         )
     for note in report.notes:
         found.extend(_note(note, subject))
+    found.extend(_netns_exclusive(report, subject))
     found.extend(_zero_everywhere(report, subject))
     found.extend(_differs(report, subject))
     return tuple(found)
@@ -74,6 +78,26 @@ def _note(note: Note, subject: str) -> list[Finding]:
         _finding(
             rule, note.severity, subject, message, note.node, path=note.path, reason=note.message
         )
+    ]
+
+
+def _netns_exclusive(report: PolicyAudit, subject: str) -> list[Finding]:
+    """One per node where upstream would exit for the RDMA netns mode (a config that fails
+    on every node is the one nvidia-policy-invalid finding instead)."""
+    if report.start_failure is not None:
+        return []
+    return [
+        _finding(
+            RULE_NETNS,
+            "critical",
+            subject,
+            f"{v.node}: upstream would not start: {v.reason}",
+            v.node,
+            path="spec.rdmaSharedDevicePlugin",
+            reason=f"{v.reason}; {v.nicfleet_instead}",
+        )
+        for v in report.nodes
+        if v.verdict == "would-not-start"
     ]
 
 

@@ -226,7 +226,9 @@ def _advertised(ctx: ChainContext) -> Link:
         return link_broken(
             name, cause, "fix the first broken link above; set rdmaHcaMax > 0", **evidence
         )
-    why = "; ".join(f"{a}: {r}" for a, r in sorted(status.unhealthy.items())) or "unknown"
+    why = status.unhealthy_reason or (
+        "; ".join(f"{a}: {r}" for a, r in sorted(status.unhealthy.items())) or "unknown"
+    )
     if status.healthy == 0:
         return link_broken(
             name,

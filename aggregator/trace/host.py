@@ -241,7 +241,7 @@ def check_rdma_device(ctx: ChainContext) -> Link:
     evidence: dict[str, Any] = {"ports": ports, "adapters_up": up}
     if not down:
         return link_ok(name, adapters_down=[], **evidence)
-    cause, fix = _port_cause(down)
+    cause, fix = _port_cause(down, partial=bool(up))
     if up:  # the resource still works, on fewer adapters
         names = [d.name for d in down]
         cause = f"{len(up)} of {len(ctx.selected)} selected adapters up; {cause}"
@@ -249,11 +249,15 @@ def check_rdma_device(ctx: ChainContext) -> Link:
     return link_broken(name, cause, fix, **evidence)
 
 
-def _port_cause(down: list[Device]) -> tuple[str, str]:
+def _port_cause(down: list[Device], *, partial: bool = False) -> tuple[str, str]:
+    """Why the `down` adapters have no active port; `partial`: others are up, so the cause
+    names only these ports rather than "the selected adapters"."""
     ports = [p for d in down for p in d.ports]
     if not ports:
         return "the selected RDMA devices have no ports", "check the adapter and driver (dmesg)"
     names = ", ".join(f"{d.name}/{p.port}" for d in down for p in d.ports)
+    where = f"{names} not active" if partial else (
+        f"no active port on the selected adapters ({names})")  # fmt: skip
     if all(p.phys_state == "LinkUp" and p.link_layer == "InfiniBand" for p in ports):
         return (
             f"link is up but no subnet manager configured {names} (state INIT/ARMED)",
@@ -261,21 +265,25 @@ def _port_cause(down: list[Device]) -> tuple[str, str]:
         )
     if all(p.link_layer == "Ethernet" for p in ports):
         return (
-            f"no active port on the selected adapters ({names}): netdev down or no carrier",
+            f"{where}: netdev down or no carrier",
             "bring the netdev up (ip link set <if> up); check cable, transceiver, switch port",
         )
     return (
-        f"no active port on the selected adapters ({names}): no physical link",
+        f"{where}: no physical link",
         "check cable, transceiver and switch port (ibstat, mlxlink -d <pci>)",
     )
 
 
 def check_char_devices(ctx: ChainContext) -> Link:
     name = "char-devices"
-    if ctx.snapshot is None or not ctx.selected:
+    snap = ctx.snapshot
+    if snap is None or not ctx.selected:
         return link_unknown(name, reason="no selected RDMA device")
     have = {d.name: list(d.char_devices) for d in ctx.selected}
-    evidence: dict[str, Any] = {"char_devices": have}
+    evidence: dict[str, Any] = {
+        "char_devices": have,
+        "rdma_netns_mode": snap.platform.rdma_netns_mode,
+    }
 
     def lacking(prefix: str) -> list[str]:
         return [n for n, paths in have.items() if not any(_is(p, prefix) for p in paths)]
@@ -301,7 +309,34 @@ def check_char_devices(ctx: ChainContext) -> Link:
             "load rdma_ucm (modprobe rdma_ucm)",
             **evidence,
         )
+    if snap.platform.rdma_netns_mode == "exclusive":
+        return _exclusive_netns(name, ctx, evidence)
     return link_ok(name, **evidence)
+
+
+def _exclusive_netns(name: str, ctx: ChainContext, evidence: dict[str, Any]) -> Link:
+    """In exclusive mode an RDMA device belongs to one netns (the host's until moved) and
+    ib_uverbs_open refuses any process of another netns with EPERM: the char devices are
+    there but a pod with its own network namespace cannot use them."""
+    if ctx.config is not None and ctx.config.exclusive:
+        return link_ok(
+            name,
+            note="RDMA subsystem in exclusive netns mode: a pod can open an adapter only once "
+            "its RDMA device is moved into the pod's netns (rdma-cni in the attachment's CNI "
+            "chain); hostNetwork pods use them in place",
+            **evidence,
+        )
+    return link_broken(
+        name,
+        "RDMA subsystem in exclusive netns mode (ib_core netns_mode=N): the RDMA devices stay "
+        "in the host's network namespace, so a pod with its own gets EPERM opening "
+        f"/dev/infiniband/uverbsN; a shared resource like {ctx.resource} works only for "
+        "hostNetwork pods",
+        "for shared resources set shared mode: drop the ib_core netns_mode=0 module option and "
+        "reboot (rdma system set netns shared fails with EBUSY while other namespaces exist); "
+        "or give each pod a dedicated device moved into its netns (SR-IOV VFs with rdma-cni)",
+        **evidence,
+    )
 
 
 def _is(path: str, prefix: str) -> bool:

@@ -82,6 +82,7 @@ def _rows(
                     allocatable=allocatable_count(raw),
                     config_path=status.config_path if status is not None else None,
                     config_error=status.config_error if status is not None else None,
+                    unhealthy_reason=status.unhealthy_reason if status is not None else None,
                 ),
             )
         )

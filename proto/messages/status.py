@@ -19,6 +19,9 @@ class ResourceStatus(Base, frozen=True, kw_only=True):
     excluded: dict[str, str] = msgspec.field(default_factory=dict)  # matched, unusable: why
     unmatched: dict[str, str] = msgspec.field(default_factory=dict)  # adapter -> failed selector
     unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # selected adapter -> why
+    # Why every device is Unhealthy whatever its adapters' health, e.g. "netns-exclusive: …"
+    # (a shared resource on a node in exclusive RDMA netns mode); None otherwise.
+    unhealthy_reason: str | None = None
     # starting | waiting | registering | registered | retrying | rejected | stopped, or
     # config-invalid (never served, see config_error); a plain string on the wire so that
     # a state added later never fails an older decoder.

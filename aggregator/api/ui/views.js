@@ -190,6 +190,15 @@ function findingsView(findings) {
       h("td", {}, token(f.rule)), h("td", {}, token(f.subject)), h("td", {}, prose(f.message)))), { id: "findings" });
 }
 
+/** The GPUDirect path(s) and IOMMU mode with why (the API's `gpudirect`, one definition
+ * with the peermem-missing and iommu-translated rules); nothing before a snapshot. */
+function gpudirectView(gd) {
+  if (!gd) return null;
+  return h("p", { class: "facts", id: "gpudirect", "data-path": gd.path, "data-iommu": gd.iommu },
+    "GPUDirect ", h("strong", {}, gd.paths.length ? gd.paths.join(" + ") : gd.path),
+    ` (${gd.path_reason.replace(/\.$/, "")}) · IOMMU `, h("strong", {}, gd.iommu), ` (${gd.iommu_reason})`);
+}
+
 export async function loadNode(name) {
   const [detail, findings] = await Promise.all([
     getJSON(`/api/v1/nodes/${encodeURIComponent(name)}`),
@@ -204,6 +213,7 @@ export async function loadNode(name) {
     h("p", { class: "facts" },
       `${s.gpus} GPUs · ${s.devices} NICs · ${s.ports_active}/${s.ports_total} ports active · `,
       `firmware ${s.firmware.join(", ") || "–"} · agent ${s.agent_version ?? "–"} · last seen ${fmtAge(s.age_s)} ago`),
+    gpudirectView(detail.gpudirect),
     h("h2", {}, "GPU × NIC topology"),
     snapshot ? topologyView(snapshot) : h("p", { class: "muted" }, "No snapshot yet."),
     h("h2", {}, "Ports"),

@@ -192,6 +192,14 @@ async def test_fleet_matrix_live_alert_and_trace(own_nats: NatsServer, tmp_path:
         assert await rows(page, "#topology td[data-best]", "data-gpu") == [
             f"GPU{i}" for i in range(8)
         ]
+        # GPUDirect and IOMMU from the API's `gpudirect`: an agent without --proc-root
+        # reports no kernel release, so only peermem is known to work.
+        gpudirect = await page.evaluate(
+            "(({dataset, textContent}) => [dataset.path, dataset.iommu, textContent])"
+            "(document.querySelector('#gpudirect'))"
+        )
+        assert gpudirect[:2] == ["peermem", "off"]
+        assert "GPUDirect peermem (dma-buf: unknown" in gpudirect[2]
         # Ports with state, and sparklines from at least two polled counter batches.
         ports = await rows(page, "#ports tbody tr", "data-port")
         assert ports == [f"mlx5_{k}/1" for k in range(12)]

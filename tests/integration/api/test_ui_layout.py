@@ -23,6 +23,8 @@ import pytest
 from aiohttp import web
 
 from agent.lab.faults import port_down
+from aggregator.alerts.engine import EngineSettings
+from aggregator.alerts.wiring import AlertWiring
 from aggregator.api.statuspage import add_ui_routes
 from aggregator.bus.natsserver import NatsServer
 from proto import subjects
@@ -180,7 +182,9 @@ async def test_views_fit_wrap_and_alerts_filter_and_group(
     ib_root = lab_node(tmp_path, "h100-ib-12nic", IB_NODE)
     roce_root = lab_node(tmp_path, "roce-cx6dx", ROCE_NODE)
     async with AsyncExitStack() as stack:
-        agg = await stack.enter_async_context(aggregator(settings(own_nats.url)))
+        # No startup hold: the lab fleet's fleet-wide skew alerts fire at once (docs/alerts.md).
+        quick = AlertWiring(engine=EngineSettings(startup_grace_s=0.0))
+        agg = await stack.enter_async_context(aggregator(settings(own_nats.url, alerts=quick)))
         ib_agent = await stack.enter_async_context(agent(own_nats.url, ib_root, IB_NODE))
         await stack.enter_async_context(agent(own_nats.url, roce_root, ROCE_NODE))
         await wait_until(lambda: {IB_NODE, ROCE_NODE} <= set(agg.fleet.names()), what="nodes")

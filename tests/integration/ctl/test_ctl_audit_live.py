@@ -92,3 +92,40 @@ def test_node_policy_without_labels_to_select_by(server: str, tmp_path: Path) ->
     (note,) = [n for n in audited["notes"] if n["section"] == "nicNodePolicy"]
     assert "carry no node labels" in note["message"]
     assert note["severity"] == "info"
+
+
+def test_node_policies_overlapping_on_the_live_labels(tmp_path: Path) -> None:
+    # The operator's webhook lists the Nodes each nodeSelector matches (none: every node) and
+    # refuses a second policy on a node; the audit reads the same from the aggregator.
+    pools = {"gpu-001": "gpu", "gpu-002": "gpu", "roce-01": "eth"}
+    view = ClusterView(present=True, nodes={
+        n: ClusterNode(name=n, labels={"kubernetes.io/hostname": n, "pool": pool})
+        for n, pool in pools.items()})  # fmt: skip
+    harness = Harness(fleet=sample_fleet())
+    app = build_app(
+        fleet=harness.fleet, settings=ApiSettings(stale_after=STALE_AFTER),
+        readiness=harness.readiness, clock=harness.clock, metrics=harness.registry,
+        cluster_source=lambda: view,
+    )  # fmt: skip
+    policies = [
+        {"kind": "NicNodePolicy", "metadata": {"name": "gpu-nodes"},
+         "spec": {"nodeSelector": {"pool": "gpu"}}},
+        {"kind": "NicNodePolicy", "metadata": {"name": "eth-nodes"},
+         "spec": {"nodeSelector": {"pool": "eth"}}},
+        {"kind": "NicNodePolicy", "metadata": {"name": "everywhere"}, "spec": {}},
+    ]  # fmt: skip
+    path = tmp_path / "nnp.yaml"
+    path.write_text(json.dumps({"kind": "List", "items": policies}))
+    with serve_in_thread(app) as url:
+        args = ["--server", url, "audit", "nicclusterpolicy", "-f", str(path), "-o", "json"]
+        result = CliRunner().invoke(cli, args, env={"NICFLEET_SERVER": None},
+                                    prog_name="nicfleetctl")  # fmt: skip
+    body = json.loads(result.stdout)
+    found = {p["name"]: [n["message"] for n in p["notes"] if n["path"] == "spec.nodeSelector"
+                         and n["section"] == "webhook"] for p in body["policies"]}  # fmt: skip
+    assert found["gpu-nodes"] == [] and found["eth-nodes"] == []
+    assert [m.split(":")[0] for m in found["everywhere"]] == [
+        "NicNodePolicies gpu-nodes and everywhere both select gpu-001, gpu-002",
+        "NicNodePolicies eth-nodes and everywhere both select roce-01",
+    ]
+    assert result.exit_code == 1

@@ -28,7 +28,7 @@ from agent.lab import faults
 from agent.lab.render import render
 from agent.lab.spec import load_builtin
 from proto.deviceplugin import api_pb2
-from proto.inventory import PortStateName
+from proto.inventory import NodeSnapshot, PortStateName
 from proto.messages.config import Selectors
 from proto.messages.status import DevicePluginStatus, ResourceStatus
 from tests.support.dpfakes import config, node, rdma_device, resource
@@ -463,3 +463,47 @@ async def test_a_failing_selector_or_status_sink_never_breaks_updates(dirs: Dirs
     manager.update(two_adapters(), {("mlx5_0", 1): DOWN})  # type: ignore[arg-type]
     assert calls  # it was asked, failed, and nothing was raised to the agent
     assert resource_status(manager).advertised == 0
+
+
+async def test_exclusive_netns_mode_turns_shared_resources_unhealthy(dirs: Dirs) -> None:
+    # The mode is read from ib_core's netns_mode parameter on a rendered lab tree, as the
+    # agent reads it; `rdma system set netns exclusive` flips that very file.
+    root = dirs.cdi.parent / "sys"
+    render(load_builtin("h100-ib-12nic"), root)
+    sysfs = Sysfs(root)
+    parameter = root / "module/ib_core/parameters/netns_mode"
+    assert parameter.read_text().strip() == "Y"
+
+    def snapshot(seq: int) -> NodeSnapshot:
+        return collect_snapshot(sysfs, node="gpu-001", seq=seq, now=0.0, agent_version="t")
+
+    statuses: list[DevicePluginStatus] = []
+    manager = make_manager(dirs, statuses=statuses)
+    rails = ["mlx5_0", "mlx5_3"]
+    manager.apply_config(
+        config(resource("rail", devices=rails), resource("excl", exclusive=True, devices=rails)),
+        generation=1,
+    )
+    manager.update(snapshot(1), collect_port_states(sysfs))
+    async with KubeletEmulator(dirs.plugins) as kubelet, running(manager):
+        shared = await kubelet.plugin("rdma/rail")
+        exclusive = await kubelet.plugin("rdma/excl")
+        assert health(await shared.next_list()) == {"Healthy"}
+        assert health(await exclusive.next_list()) == {"Healthy"}
+        parameter.write_text("N\n")
+        manager.update(snapshot(2), collect_port_states(sysfs))
+        blocked = await shared.wait_list(lambda r: health(r) == {"Unhealthy"})
+        assert len(blocked.devices) == 4  # still advertised: capacity 4, allocatable 0
+        status = resource_status(manager, "rdma/rail")
+        assert (status.advertised, status.healthy, status.unhealthy) == (4, 0, {})
+        assert status.unhealthy_reason is not None
+        assert status.unhealthy_reason.startswith("netns-exclusive: ")
+        excl = resource_status(manager, "rdma/excl")
+        assert (excl.healthy, excl.unhealthy_reason) == (2, None)
+        # What the agent publishes (the aggregator's trace and `nicfleetctl resources`).
+        sent = {r.name: r.unhealthy_reason for r in statuses[-1].resources}
+        assert sent == {"rdma/rail": status.unhealthy_reason, "rdma/excl": None}
+        parameter.write_text("Y\n")
+        manager.update(snapshot(3), collect_port_states(sysfs))
+        await shared.wait_list(lambda r: health(r) == {"Healthy"})
+        assert resource_status(manager, "rdma/rail").unhealthy_reason is None

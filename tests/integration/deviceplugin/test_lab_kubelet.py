@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from agent.deviceplugin.advertised import AdvertisedResources, DevicePluginSettings
 from agent.deviceplugin.registration import Backoff
 from agent.lab.kubelet import KubeletEmulator
 from agent.lab.kubeletrun import STATE_FILE, state_of
+from proto.inventory import Platform
 from tests.support.dpfakes import config, node, rdma_device, resource
 from tests.support.paths import REPO
 from tests.support.waits import wait_until
@@ -130,3 +132,28 @@ async def test_state_of_an_in_process_kubelet(short_dir: Path) -> None:
     assert doc["socket"] == str(short_dir / "kubelet.sock")
     assert doc["registrations"] == 1 and doc["updated_at"] == 1.5
     assert doc["resources"][EXCL]["allocatable"] == 1
+
+
+async def test_exclusive_netns_mode_leaves_capacity_and_no_allocatable(short_dir: Path) -> None:
+    # What `kubectl describe node` would show for a shared resource in exclusive RDMA netns
+    # mode: the resource stays (capacity), nothing is allocatable; an exclusive one is not
+    # affected (rdma-cni moves its adapter into the pod's netns).
+    manager = _manager(short_dir)
+    manager.apply_config(
+        config(resource("excl", exclusive=True), resource("shared", hca_max=3)), generation=2
+    )
+    snapshot = node(rdma_device("mlx5_0", 0), rdma_device("mlx5_1", 1))
+    manager.update(replace(snapshot, platform=Platform(rdma_netns_mode="exclusive")), {})
+    async with KubeletEmulator(short_dir) as kubelet, running(manager):
+        shared = await kubelet.plugin("rdma/shared")
+        await shared.wait_list(lambda r: {d.health for d in r.devices} == {"Unhealthy"})
+        counted = {"rdma/shared": 3, EXCL: 2}
+
+        def both_counted() -> bool:
+            doc = state_of(kubelet, now=0.0)["resources"]
+            return all(doc.get(n, {}).get("capacity") == c for n, c in counted.items())
+
+        await wait_until(both_counted, what="both resources counted")
+        doc = state_of(kubelet, now=0.0)["resources"]
+    assert (doc["rdma/shared"]["capacity"], doc["rdma/shared"]["allocatable"]) == (3, 0)
+    assert (doc[EXCL]["capacity"], doc[EXCL]["allocatable"]) == (2, 2)

@@ -65,8 +65,13 @@ class Decision:
         return not self.refused
 
 
-def request(operation: str, username: str) -> dict[str, Any]:
-    return {"operation": operation, "userInfo": {"username": username}}
+def request(
+    operation: str, username: str, extra: Mapping[str, list[str]] | None = None
+) -> dict[str, Any]:
+    user: dict[str, Any] = {"username": username}
+    if extra is not None:  # as in Kubernetes: absent unless the authenticator set some
+        user["extra"] = dict(extra)
+    return {"operation": operation, "userInfo": user}
 
 
 def _matches(policy: Mapping[str, Any], resource: str, operation: str) -> bool:
@@ -86,6 +91,7 @@ def admit(
     obj: Mapping[str, Any] | None,
     old: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | None = None,
+    extra: Mapping[str, list[str]] | None = None,
 ) -> Decision:
     """The decision of `policy` (a rendered ValidatingAdmissionPolicy) on one request."""
     spec = policy["spec"]
@@ -94,7 +100,7 @@ def admit(
     bindings: dict[str, Any] = {
         "object": obj,
         "oldObject": old,
-        "request": request(operation, username),
+        "request": request(operation, username, extra),
         "params": params,
     }
     for condition in spec.get("matchConditions", []):

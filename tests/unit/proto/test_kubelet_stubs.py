@@ -12,7 +12,7 @@ pytest.importorskip("grpc_tools")
 from proto import stubgen as generate
 from proto.deviceplugin import api_pb2, pluginregistration_pb2
 from proto.dra import api_pb2 as dra_pb2
-from proto.dra import health_pb2
+from proto.dra import health_pb2, healthv1alpha1_pb2
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -77,3 +77,13 @@ def test_dra_wire_names_are_the_kubelets() -> None:
         "HEALTHY",
         "UNHEALTHY",
     ]
+
+
+def test_the_older_health_package_has_the_same_messages() -> None:
+    older = healthv1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert older.full_name == "v1alpha1.DRAResourceHealth"
+    for name, message in health_pb2.DESCRIPTOR.message_types_by_name.items():
+        twin = healthv1alpha1_pb2.DESCRIPTOR.message_types_by_name[name]
+        assert [(f.name, f.number, f.type) for f in message.fields] == [
+            (f.name, f.number, f.type) for f in twin.fields
+        ]

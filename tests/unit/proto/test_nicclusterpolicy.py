@@ -37,6 +37,7 @@ def advertised(report: PolicyAudit) -> dict[str, dict[str, int]]:
 
 CX6_ONLY = {  # deviceIDs ["101b"]: ConnectX-6 only, which only the A100 lab node has
     "a100-ib-4nic": 63,
+    "cx8-dd-lag": 0,
     "h100-ib-12nic": 0,
     "h100-iommu-acs": 0,
     "roce-cx6dx": 0,

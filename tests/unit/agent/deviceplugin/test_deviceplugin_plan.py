@@ -13,6 +13,7 @@ from agent.deviceplugin.cdi import CDI_VERSION, SPEC_FILE, cdi_spec, write_cdi_s
 from agent.deviceplugin.placement import preferred_allocation
 from agent.deviceplugin.plan import (
     HEALTHY,
+    NETNS_EXCLUSIVE_REASON,
     UNHEALTHY,
     DeviceNode,
     InvalidRequest,
@@ -26,7 +27,7 @@ from agent.deviceplugin.plan import (
 )
 from agent.deviceplugin.registration import Backoff, resolve_mode
 from agent.deviceplugin.selectors import select_devices
-from proto.inventory import Device, Interface, PortStateName
+from proto.inventory import Device, Interface, Platform, PortStateName, RdmaNetnsMode
 from proto.messages.config import Selectors
 from tests.support.dpfakes import node, rdma_device, resource
 
@@ -353,3 +354,41 @@ def test_health_only_counts_the_ports_the_resource_selected() -> None:
     plan = plan_resource(rc, select_devices(snap, rc), snap, {})
     assert plan.adapters[0].reason == "no port ACTIVE/LinkUp (2:DOWN/Disabled)"
     assert {d.health for d in plan.devices} == {UNHEALTHY}
+
+
+@pytest.mark.parametrize(
+    ("mode", "exclusive", "healthy", "reason"),
+    [
+        pytest.param("exclusive", False, 0, True, id="shared-resource-netns-exclusive"),
+        pytest.param("exclusive", True, 2, False, id="exclusive-resource-netns-exclusive"),
+        pytest.param("shared", False, 2, False, id="shared-resource-netns-shared"),
+        pytest.param(None, False, 2, False, id="mode-unknown"),
+    ],
+)
+def test_exclusive_netns_mode_makes_a_shared_resource_unhealthy(
+    mode: RdmaNetnsMode | None, exclusive: bool, healthy: int, reason: bool
+) -> None:
+    # In exclusive netns mode a pod with its own netns gets EPERM on a shared adapter's
+    # uverbs: the shared slots stay advertised (capacity), all Unhealthy, with the reason.
+    rc = resource(hca_max=2, exclusive=exclusive)
+    snap = msgspec.structs.replace(
+        node(rdma_device("mlx5_0", 0), rdma_device("mlx5_1", 1)),
+        platform=Platform(rdma_netns_mode=mode),
+    )
+    plan = plan_resource(rc, select_devices(snap, rc), snap, {})
+    assert len(plan.devices) == 2
+    assert plan.healthy_count == healthy
+    assert all(a.healthy for a in plan.adapters)  # the adapters themselves are fine
+    assert plan.unhealthy_reason == (NETNS_EXCLUSIVE_REASON if reason else None)
+    if reason:
+        assert plan.unhealthy_reason is not None
+        assert plan.unhealthy_reason.startswith("netns-exclusive: ")
+
+
+def test_exclusive_netns_mode_with_nothing_selected_gives_no_reason() -> None:
+    rc = resource(devices=["mlx5_9"])
+    snap = msgspec.structs.replace(
+        node(rdma_device("mlx5_0", 0)), platform=Platform(rdma_netns_mode="exclusive")
+    )
+    plan = plan_resource(rc, select_devices(snap, rc), snap, {})
+    assert plan.devices == () and plan.unhealthy_reason is None

@@ -13,10 +13,9 @@ from agent.errors import ReadErrorLog
 from agent.host.devices import CHAR_DEVICE_CLASSES, RDMA_CM_CLASS, RDMA_CM_DEVICE, char_devices
 from agent.host.inventory import collect_snapshot
 from agent.host.sysfs import Sysfs
-from agent.lab import hotplug
+from agent.lab import hotplug, rdmakinds
 from agent.lab.layout import plan
 from agent.lab.nodespec import NodeSpec
-from agent.lab.rdma import vf_adapters
 from agent.lab.render import render
 from agent.lab.spec import builtin_specs, load_builtin
 
@@ -64,7 +63,7 @@ def test_rdma_cm_and_class_files(tree: Path, path: str, expected: str) -> None:
 
 def test_every_device_has_its_char_devices_and_rdma_cm(rendered: tuple[NodeSpec, Path]) -> None:
     spec, tree = rendered
-    devices = [*spec.adapters, *vf_adapters(spec, plan(spec))]
+    devices = rdmakinds.rdma_devices(spec, plan(spec))  # bonds and SFs too
     found = char_devices(Sysfs(tree), errors := ReadErrorLog())
     assert errors.to_tuple() == ()
     assert found.shared == [RDMA_CM_DEVICE]

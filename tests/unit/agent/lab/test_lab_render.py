@@ -402,13 +402,14 @@ def test_cli_list() -> None:
     names = [item["name"] for item in json.loads(done.stdout)]
     assert names == [
         "a100-ib-4nic",
+        "cx8-dd-lag",
         "h100-ib-12nic",
         "h100-iommu-acs",
         "roce-cx6dx",
         "roce-cx6dx-2",
     ]
     text = CliRunner().invoke(lab, ["list"]).stdout
-    assert text.splitlines()[1].startswith("h100-ib-12nic   8x H100 SXM5")
+    assert text.splitlines()[2].startswith("h100-ib-12nic   8x H100 SXM5")
 
 
 # --- IOMMU -------------------------------------------------------------------------------
@@ -537,8 +538,9 @@ def test_module_options(tmp_path: Path) -> None:
     legacy = tmp_path / "module/nv_peer_mem"
     assert (legacy / "version").read_text() == "1.3-0\n"
     assert (legacy / "srcversion").read_text() == "0123456789ABCDEF0123456\n"
-    # Every loaded module has `taint`; an in-tree one's is empty, MLNX_OFED's "O".
-    assert sorted(os.listdir(tmp_path / "module/ib_core")) == ["initstate", "taint"]
+    # Every loaded module has `taint`; an in-tree one's is empty, MLNX_OFED's "O". ib_core
+    # has its netns_mode parameter (rdma_netns_mode, default shared).
+    assert sorted(os.listdir(tmp_path / "module/ib_core")) == ["initstate", "parameters", "taint"]
     assert (tmp_path / "module/ib_core/taint").read_text() == "\n"
     assert (legacy / "taint").read_text() == "O\n"
 

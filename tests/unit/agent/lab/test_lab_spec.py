@@ -119,9 +119,10 @@ def test_builtin_specs_load_and_are_named_after_their_file(name: str) -> None:
     assert spec.description
 
 
-def test_builtin_specs_are_the_shipped_five() -> None:
+def test_builtin_specs_are_the_shipped_six() -> None:
     assert builtin_specs() == [
-        "a100-ib-4nic", "h100-ib-12nic", "h100-iommu-acs", "roce-cx6dx", "roce-cx6dx-2",
+        "a100-ib-4nic", "cx8-dd-lag", "h100-ib-12nic", "h100-iommu-acs", "roce-cx6dx",
+        "roce-cx6dx-2",
     ]  # fmt: skip
 
 

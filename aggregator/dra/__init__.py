@@ -1,0 +1,7 @@
+"""Dynamic Resource Allocation, seen from the fleet: why a ResourceClaim can or cannot be
+allocated on each node (`explain`), from ResourceClaims, DeviceClasses and ResourceSlices
+as plain dicts (`objects`), with CEL selectors run by a real CEL implementation (`celenv`).
+
+Pure: no I/O, no clock, no logging; imports only proto, the standard library, and `cel`.
+The CLI (aggregator.ctl.claim) reads the files or asks the aggregator.
+"""
