@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -286,7 +286,16 @@ def _check_metrics_addr(
     type=click.Path(path_type=Path, file_okay=False),
     default=DraSettings().claims_dir,
     show_default=True,
-    help="With --dra: where allocated ResourceClaims of this node are read (<uid>.json).",
+    help="With --dra and --dra-claims dir: where allocated ResourceClaims of this node are "
+    "read (<uid>.json).",
+)
+@click.option(
+    "--dra-claims",
+    type=click.Choice(["nats", "dir"]),
+    default="nats",
+    show_default=True,
+    help="With --dra: where claim allocations come from: nats (asked of the aggregator, "
+    "which watches ResourceClaims) or dir (--dra-claims-dir).",
 )
 @click.option(
     "--metrics-addr",
@@ -341,6 +350,7 @@ class RunFlags:
     proc_root: Path | None = None
     dra: bool = False
     dra_claims_dir: Path = DraSettings().claims_dir
+    dra_claims: Literal["nats", "dir"] = "nats"
 
 
 def _check_run_flags(flags: RunFlags) -> None:
@@ -401,6 +411,7 @@ def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSett
             plugins_registry_dir=flags.plugins_registry_dir,
             cdi_dir=flags.cdi_dir,
             claims_dir=flags.dra_claims_dir,
+            claims_from=flags.dra_claims,
         )
         if flags.dra
         else None,

@@ -28,6 +28,7 @@ from agent.counters.reader import CounterReader
 from agent.deviceplugin.advertised import AdvertisedResources, DevicePluginSettings
 from agent.deviceplugin.configsource import ConfigSources, Served, config_sources
 from agent.deviceplugin.liveconfig import LiveConfig
+from agent.dra.claimsnats import NatsClaims
 from agent.dra.pluginrunner import DraPlugin, DraSettings
 from agent.errors import CollectionTimeout
 from agent.host.inventory import collect_snapshot
@@ -150,7 +151,12 @@ class AgentService:
             self._wire_device_plugin()
         self.dra: DraPlugin | None = None
         if settings.dra is not None:
-            self.dra = DraPlugin(settings.dra, node=settings.node_name)
+            claims = (
+                NatsClaims(lambda: self._publisher.client, node=settings.node_name)
+                if settings.dra.claims_from == "nats"
+                else None  # DraPlugin's ClaimDirectory
+            )
+            self.dra = DraPlugin(settings.dra, node=settings.node_name, source=claims)
         self.metrics: MetricsServer | None = None
         if settings.metrics_addr is not None:
             self.metrics = MetricsServer(agent_registry(self), *settings.metrics_addr)

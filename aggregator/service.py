@@ -17,11 +17,12 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiohttp import web
+from nats.aio.client import Client as NatsClient
 
 from aggregator.alerts.engine import AlertEngine, Evaluate
 from aggregator.alerts.wiring import AlertWiring
@@ -33,9 +34,12 @@ from aggregator.api.statuspage import add_ui_routes
 from aggregator.api.tokenreview import ReviewSettings, TokenReviewer
 from aggregator.api.validations import add_validation_routes
 from aggregator.bus.calloutservice import CalloutSettings
+from aggregator.bus.claimanswer import ClaimFeed
 from aggregator.bus.desiredanswer import DesiredFeed
 from aggregator.bus.natsserver import NatsServerSettings
 from aggregator.bus.resyncrequest import ResyncRequester, ResyncRequestSettings
+from aggregator.dra.claims import ClaimIndex
+from aggregator.dra.publisher import PublishSettings, SlicePublisher
 from aggregator.errors import KubeError
 from aggregator.fleet.changefeed import ChangeFeed
 from aggregator.fleet.ingest import Ingest
@@ -43,6 +47,7 @@ from aggregator.fleet.state import Fleet
 from aggregator.fleet.store import SnapshotWriter, ensure_buckets, open_bucket
 from aggregator.fleet.views import nodes_by_state
 from aggregator.kube.client import KubeClient, KubeSettings
+from aggregator.kube.watch import ClaimWatcher
 from aggregator.metrics import Metrics
 from aggregator.reconcile.apply import ConfigStore, open_config_bucket
 from aggregator.reconcile.loop import Reconciler, ReconcileSettings
@@ -119,6 +124,9 @@ class AggregatorSettings:
     http: HttpLimitSettings = field(default_factory=HttpLimitSettings)
     # --nats-callout-*: agents join NATS by ServiceAccount token (needs `kube`).
     nats_callout: CalloutSettings | None = None
+    # --dra-publish: the leader writes every node's rdma.nicfleet.io ResourceSlices (needs
+    # `kube`; docs/dra.md "Who publishes the ResourceSlices"). Off: none are written.
+    dra_publish: bool = False
 
 
 class AggregatorService:
@@ -295,6 +303,22 @@ class AggregatorService:
             desired=desired,
         )  # fmt: skip
 
+    def _slice_publisher(self, runtime: Runtime) -> SlicePublisher:
+        cluster, fleet = runtime.cluster, runtime.replica.planned
+        watcher = cluster.watcher
+        assert cluster.kube is not None
+
+        def cluster_nodes() -> Collection[str] | None:  # None until the Node list is in
+            synced = watcher is not None and watcher.nodes_synced.is_set()
+            return cluster.view().nodes.keys() if synced else None
+
+        return SlicePublisher(
+            PublishSettings(stale_after=self.settings.stale_after),
+            api=cluster.kube, changes=self.changes.subscribe(), records=fleet.view,
+            cluster_nodes=cluster_nodes, is_leader=runtime.replica.writes(runtime.leader),
+            clock=self.clock,
+        )  # fmt: skip
+
     def _build_app(
         self,
         cluster: Cluster,
@@ -336,7 +360,10 @@ class AggregatorService:
             tasks.create_task(cluster.watcher.run(stop))
         if cluster.kube is not None:
             tasks.create_task(self._audit_nvidia_policy(cluster.kube, stop))
+            tasks.create_task(self._answer_claims(runtime.bus.nc, cluster.kube, stop))
         tasks.create_task(runtime.reconciler.run(stop))
+        if self.settings.dra_publish and cluster.kube is not None:
+            tasks.create_task(self._slice_publisher(runtime).run(stop))
         tasks.create_task(runtime.alerts.run(stop))
         tasks.create_task(runtime.validations.run(stop))
         if (callout := self.settings.nats_callout) is not None:
@@ -362,6 +389,19 @@ class AggregatorService:
         runtime is up the start request is still pending (it covers a reconnect)."""
         if self._runtime is not None:
             self._runtime.replica.ask_resync(reason)
+
+    async def _answer_claims(self, nc: NatsClient, kube: KubeClient, stop: asyncio.Event) -> None:
+        """The DRA plugins' claim requests, from watched ResourceClaims (docs/dra.md,
+        "Prepare"); a cluster without resource.k8s.io/v1 only logs and retries."""
+        index = ClaimIndex()
+        feed = ClaimFeed(nc, index, registry=self.metrics.registry)
+        await feed.open()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(ClaimWatcher(kube, index).run(stop))
+                tasks.create_task(feed.run(stop))
+        finally:
+            await feed.close()
 
     async def _audit_nvidia_policy(self, kube: KubeClient, stop: asyncio.Event) -> None:
         """Re-read `nic-cluster-policy` (never written) and audit it against the fleet."""

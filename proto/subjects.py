@@ -42,6 +42,9 @@ SHARD_SUMMARY_WILDCARD: Final = f"{PREFIX}.shard.*.summary"
 # nicfleet.v1.desired.<node>.get (one token more, so neither wildcard matches the other).
 DESIRED_WILDCARD: Final = f"{PREFIX}.desired.*"
 DESIRED_GET_WILDCARD: Final = f"{PREFIX}.desired.*.get"
+# A DRA kubelet plugin asks for a ResourceClaim's allocation on its node (docs/wire.md,
+# "DRA claims"): nicfleet.v1.draclaims.<node>.get, answered into the agent's inbox.
+DRACLAIMS_GET_WILDCARD: Final = f"{PREFIX}.draclaims.*.get"
 
 
 def partition_subject(partition: int | str, token: str = "*", kind: str = "*") -> str:
@@ -169,6 +172,19 @@ def parse_desired_get_subject(subject: str) -> str:
     parts = subject.split(".")
     if len(parts) != 5 or ".".join(parts[:3]) != f"{PREFIX}.desired" or parts[4] != "get":
         raise ValueError(f"subject {subject!r} is not {PREFIX}.desired.<node>.get")
+    return node_from_token(parts[3])
+
+
+def draclaims_get_subject(node: str) -> str:
+    """`nicfleet.v1.draclaims.<node-token>.get`: where that node's agent asks for claims."""
+    return f"{PREFIX}.draclaims.{node_token(node)}.get"
+
+
+def parse_draclaims_get_subject(subject: str) -> str:
+    """The node a claim request is for; raise ValueError when it is not one."""
+    parts = subject.split(".")
+    if len(parts) != 5 or ".".join(parts[:3]) != f"{PREFIX}.draclaims" or parts[4] != "get":
+        raise ValueError(f"subject {subject!r} is not {PREFIX}.draclaims.<node>.get")
     return node_from_token(parts[3])
 
 

@@ -77,6 +77,11 @@ class Publisher:
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 
+    @property
+    def client(self) -> NatsClient | None:
+        """The connection, for requests under this node's inbox (the DRA plugin's claims)."""
+        return self._nc
+
     async def connect(self, stop: asyncio.Event, *, retry_wait: float = 0.5) -> bool:
         """Connect, retrying until connected (True) or `stop` is set (False)."""
         while not stop.is_set():

@@ -130,6 +130,12 @@ class ClaimPreparer:
             return None
         if (held.namespace, held.name) != (claim.namespace, claim.name):
             return Prepared(error=f"claim {claim.uid} is {held.namespace}/{held.name}")
+        if not (self._cdi_dir / held.cdi_spec).exists():
+            # /var/run/cdi is a tmpfs on most nodes: after a reboot the checkpoint survives
+            # but the spec does not, and the runtime could not resolve the ids: prepare anew.
+            log.warning("prepare %s/%s: CDI spec %s is gone, writing it again",
+                        claim.namespace, claim.name, held.cdi_spec)  # fmt: skip
+            return None
         return Prepared(devices=held.devices)
 
     def _plan(

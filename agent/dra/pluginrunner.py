@@ -48,6 +48,7 @@ class DraSettings:
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = DEFAULT_STATE_DIR  # the checkpoint; survives agent restarts
     claims_dir: Path = DEFAULT_STATE_DIR / "claims"  # ClaimDirectory (docs/dra.md)
+    claims_from: Literal["nats", "dir"] = "dir"  # the agent asks the aggregator (claimsnats)
     watch_interval: float = 0.1
     resend_interval: float = 10.0  # health re-sent this often without a change
     health_timeout_seconds: int = 30  # told to the kubelet: Unknown after this silence

@@ -186,27 +186,38 @@ def read_sriov(d: SysDir, errors: ReadErrorLog) -> Sriov | None:
     return Sriov(totalvfs=totalvfs, numvfs=numvfs, vfs=tuple(vfs), physfn=physfn)
 
 
-def find_gpus(sysfs: Sysfs, errors: ReadErrorLog) -> list[PciFunction]:
-    """NVIDIA 3D/VGA controllers among bus/pci/devices/*, in PCI address order (the
-    order nvidia-smi numbers them in)."""
+def functions_of_vendor(
+    sysfs: Sysfs, vendor: str, errors: ReadErrorLog
+) -> list[tuple[str, SysDir]] | None:
+    """(name, directory) of the functions among bus/pci/devices/* whose vendor is `vendor`,
+    in listing order: one read of every other function. None when the bus cannot be listed
+    (absent, or an error that is recorded), which callers must not read as "none there"."""
     try:
         bus = sysfs.dir(BUS_DEVICES)
         names = bus.entries()
     except ReadFailed as failure:
         if failure.error != "ENOENT":
             errors.add(failure)
-        return []
-    gpus: list[PciFunction] = []
+        return None
+    found: list[tuple[str, SysDir]] = []
     for name in names:
         try:
             d = bus.child(name)
         except ReadFailed as failure:
             errors.add(failure)
             continue
-        vendor = read_value(d, "vendor", lambda t: pciparse.parse_pci_id(t, "vendor"), errors)
-        if vendor != pciparse.NVIDIA_VENDOR:
-            continue  # most functions: one read, no class lookup
-        if not pciparse.is_gpu(vendor, read_value(d, "class", pciparse.parse_pci_class, errors)):
+        if read_value(d, "vendor", lambda t: pciparse.parse_pci_id(t, "vendor"), errors) == vendor:
+            found.append((name, d))
+    return found
+
+
+def find_gpus(sysfs: Sysfs, errors: ReadErrorLog) -> list[PciFunction]:
+    """NVIDIA 3D/VGA controllers among bus/pci/devices/*, in PCI address order (the
+    order nvidia-smi numbers them in)."""
+    gpus: list[PciFunction] = []
+    nvidia = pciparse.NVIDIA_VENDOR
+    for _, d in functions_of_vendor(sysfs, nvidia, errors) or ():
+        if not pciparse.is_gpu(nvidia, read_value(d, "class", pciparse.parse_pci_class, errors)):
             continue
         try:
             address, chain = pciparse.parse_pci_devpath(d.realpath)
@@ -221,23 +232,16 @@ def find_nic_functions(sysfs: Sysfs, errors: ReadErrorLog) -> tuple[str, ...] | 
     """The addresses of the Mellanox/NVIDIA network functions among bus/pci/devices/*,
     with an RDMA device or not (NodeSnapshot.nic_functions); None when the bus cannot be
     listed, so a missing list never reads as "every function gone"."""
-    try:
-        bus = sysfs.dir(BUS_DEVICES)
-        names = bus.entries()
-    except ReadFailed as failure:
-        if failure.error != "ENOENT":
-            errors.add(failure)
+    functions = functions_of_vendor(sysfs, pciparse.MELLANOX_VENDOR, errors)
+    if functions is None:
         return None
-    found: list[str] = []
-    for name in names:
-        try:
-            d = bus.child(name)
-        except ReadFailed as failure:
-            errors.add(failure)
-            continue
-        vendor = read_value(d, "vendor", lambda t: pciparse.parse_pci_id(t, "vendor"), errors)
-        if vendor != pciparse.MELLANOX_VENDOR:
-            continue  # most functions: one read
-        if pciparse.is_rdma_nic(vendor, read_value(d, "class", pciparse.parse_pci_class, errors)):
-            found.append(name.lower())
-    return tuple(sorted(found))
+    vendor = pciparse.MELLANOX_VENDOR
+    return tuple(
+        sorted(
+            name.lower()
+            for name, d in functions
+            if pciparse.is_rdma_nic(
+                vendor, read_value(d, "class", pciparse.parse_pci_class, errors)
+            )
+        )
+    )

@@ -84,23 +84,8 @@ def read_vpd(d: SysDir, errors: ReadErrorLog) -> dict[str, str]:
 
 def find_data_direct(sysfs: Sysfs, errors: ReadErrorLog) -> tuple[DataDirectFunction, ...]:
     """The Data Direct functions among bus/pci/devices/*, address order, with their VPD."""
-    try:
-        bus = sysfs.dir(pci.BUS_DEVICES)
-        names = bus.entries()
-    except ReadFailed as failure:
-        if failure.error != "ENOENT":
-            errors.add(failure)
-        return ()
     found: list[DataDirectFunction] = []
-    for name in names:
-        try:
-            d = bus.child(name)
-        except ReadFailed as failure:
-            errors.add(failure)
-            continue
-        vendor = read_value(d, "vendor", lambda t: pciparse.parse_pci_id(t, "vendor"), errors)
-        if vendor != pciparse.MELLANOX_VENDOR:
-            continue
+    for _, d in pci.functions_of_vendor(sysfs, pciparse.MELLANOX_VENDOR, errors) or ():
         device = read_value(d, "device", lambda t: pciparse.parse_pci_id(t, "device"), errors)
         if device != DATA_DIRECT_DEVICE:
             continue

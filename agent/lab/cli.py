@@ -42,6 +42,7 @@ from agent.lab.spec import (
     with_node_name,
 )
 from agent.lab.synthetic import MAX_COUNTERS, MAX_HW_COUNTERS, synthetic_spec
+from proto.dranames import DRIVER
 from proto.runtime.cliopts import output_option
 
 _OUTPUT = output_option("text", "json")
@@ -358,7 +359,15 @@ def traffic_cmd(
     type=click.Path(file_okay=False, path_type=Path),
     help="A device-plugins directory to serve kubelet.sock in (repeat for several nodes).",
 )
-def kubelet_cmd(dirs: tuple[Path, ...]) -> None:
+@click.option(
+    "--dra-registry",
+    "dra_registries",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also play the kubelet's DRA side: watch this plugins_registry directory for DRA "
+    "drivers, follow their health streams, write DIR/lab-kubelet-dra.json (repeatable).",
+)
+def kubelet_cmd(dirs: tuple[Path, ...], dra_registries: tuple[Path, ...]) -> None:
     """Lab kubelets (v1beta1 Registration, dial-back, ListAndWatch) until SIGTERM/Ctrl-C;
     each writes what it sees (capacity, allocatable per resource) to DIR/lab-kubelet.json."""
     from agent.lab import kubeletrun  # grpc: loaded only by this command
@@ -367,10 +376,15 @@ def kubelet_cmd(dirs: tuple[Path, ...]) -> None:
         problem = kubeletrun.socket_path_problem(d)
         if problem is not None:
             raise LabInputError(f"--dir {problem}")
-    asyncio.run(_serve_kubelets(dirs))
+    for r in dra_registries:
+        # The registration sockets the watcher dials live there (`<driver>-reg.sock`).
+        problem = kubeletrun.socket_path_problem(r, f"{DRIVER}-reg.sock")
+        if problem is not None:
+            raise LabInputError(f"--dra-registry {problem}")
+    asyncio.run(_serve_kubelets(dirs, dra_registries))
 
 
-async def _serve_kubelets(dirs: tuple[Path, ...]) -> None:
+async def _serve_kubelets(dirs: tuple[Path, ...], dra_registries: tuple[Path, ...] = ()) -> None:
     from agent.lab import kubeletrun
 
     stop = asyncio.Event()
@@ -378,7 +392,7 @@ async def _serve_kubelets(dirs: tuple[Path, ...]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await kubeletrun.serve(dirs, stop)
+        await kubeletrun.serve(dirs, stop, dra_registries=dra_registries)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

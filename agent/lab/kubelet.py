@@ -17,15 +17,10 @@ from typing import Any
 
 import grpc
 
-from proto.deviceplugin import (
-    api_pb2,
-    api_pb2_grpc,
-    pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
-)
+from agent.lab import pluginwatch
+from agent.lab.pluginwatch import CALL_TIMEOUT
+from proto.deviceplugin import api_pb2, api_pb2_grpc, pluginregistration_pb2
 
-CALL_TIMEOUT = 5.0
-WATCH_INTERVAL = 0.02
 HEALTHY = "Healthy"
 
 
@@ -180,7 +175,7 @@ class KubeletEmulator:
         self.plugins: dict[str, PluginConnection] = {}
         self._server: Any = None
         self._watcher: asyncio.Task[None] | None = None
-        self._seen: dict[Path, tuple[int, int, int]] = {}
+        self._scan: pluginwatch.SocketScan | None = None
         self._connected = asyncio.Condition()
         self.changed = asyncio.Event()  # set on every registration and device list
 
@@ -207,8 +202,10 @@ class KubeletEmulator:
         await self._server.start()
         if self.registry is not None:
             self.registry.mkdir(parents=True, exist_ok=True)
-            self._seen.clear()
-            self._watcher = asyncio.create_task(self._watch_registry(self.registry))
+            self._scan = pluginwatch.SocketScan(self.registry)
+            self._watcher = asyncio.create_task(
+                pluginwatch.poll(self._scan, self._register_watched)
+            )
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -272,47 +269,21 @@ class KubeletEmulator:
 
         return await asyncio.wait_for(wait(), timeout)
 
-    async def _watch_registry(self, registry: Path) -> None:
-        # The real watcher uses inotify; polling keeps the emulator dependency-free.
-        while True:
-            present: dict[Path, tuple[int, int, int]] = {}
-            for entry in sorted(os.listdir(registry)):
-                path = registry / entry
-                with contextlib.suppress(OSError):
-                    st = os.lstat(path)
-                    present[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
-            for path, ident in present.items():
-                if self._seen.get(path) != ident:
-                    self._seen[path] = ident
-                    await self._register_watched(path)
-            for path in set(self._seen) - set(present):
-                del self._seen[path]
-            await asyncio.sleep(WATCH_INTERVAL)
-
     async def _register_watched(self, path: Path) -> None:
-        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
-            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
-            try:
-                info = await stub.GetInfo(
-                    pluginregistration_pb2.InfoRequest(), timeout=CALL_TIMEOUT
-                )
-            except grpc.aio.AioRpcError:
-                return
-            self.watcher_infos.append(info)
-            ok, error = True, ""
-            if info.type != "DevicePlugin" or "v1beta1" not in info.supported_versions:
-                ok, error = False, f"unsupported plugin {info.type} {list(info.supported_versions)}"
-            elif self.reject_watcher > 0:
-                self.reject_watcher -= 1
-                ok, error = False, "emulated registration failure"
-            else:
-                try:
-                    await self.connect(info.name, Path(info.endpoint))
-                except grpc.aio.AioRpcError as exc:
-                    ok, error = False, f"cannot connect to {info.endpoint}: {exc.code().name}"
+        done = await pluginwatch.register(path, "DevicePlugin", self._decide_watched)
+        if done is not None:
+            info, ok, error = done
             self.notifications.append((info.name, ok, error))
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.NotifyRegistrationStatus(
-                    pluginregistration_pb2.RegistrationStatus(plugin_registered=ok, error=error),
-                    timeout=CALL_TIMEOUT,
-                )
+
+    async def _decide_watched(self, info: pluginregistration_pb2.PluginInfo) -> tuple[bool, str]:
+        self.watcher_infos.append(info)
+        if "v1beta1" not in info.supported_versions:
+            return False, f"unsupported plugin {info.type} {list(info.supported_versions)}"
+        if self.reject_watcher > 0:
+            self.reject_watcher -= 1
+            return False, "emulated registration failure"
+        try:
+            await self.connect(info.name, Path(info.endpoint))
+        except grpc.aio.AioRpcError as exc:
+            return False, f"cannot connect to {info.endpoint}: {exc.code().name}"
+        return True, ""

@@ -13,18 +13,17 @@ import asyncio
 import contextlib
 import json
 import os
-import stat
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import grpc
 
-from proto.deviceplugin import pluginregistration_pb2, pluginregistration_pb2_grpc
+from agent.lab import pluginwatch
+from agent.lab.pluginwatch import CALL_TIMEOUT
+from proto.deviceplugin import pluginregistration_pb2
 from proto.dra import api_pb2, api_pb2_grpc, health_pb2, health_pb2_grpc
 
-CALL_TIMEOUT: Final = 5.0
-WATCH_INTERVAL: Final = 0.02
 DRA_TYPE: Final = "DRAPlugin"
 DRA_VERSION: Final = "v1.DRAPlugin"
 Claim = tuple[str, str, str]  # (namespace, uid, name), as the kubelet sends it
@@ -128,7 +127,7 @@ class DraKubeletEmulator:
         self.infos: list[pluginregistration_pb2.PluginInfo] = []
         self.notifications: list[tuple[str, bool, str]] = []
         self.plugins: dict[str, DraPluginConnection] = {}
-        self._seen: dict[Path, tuple[int, int, int]] = {}
+        self._scan = pluginwatch.SocketScan(self.registry)
         self._watcher: asyncio.Task[None] | None = None
         self._connected = asyncio.Condition()
         self.changed = asyncio.Event()  # set on every registration and health message
@@ -142,8 +141,8 @@ class DraKubeletEmulator:
 
     async def start(self) -> None:
         self.registry.mkdir(parents=True, exist_ok=True)
-        self._seen.clear()
-        self._watcher = asyncio.create_task(self._watch())
+        self._scan.clear()
+        self._watcher = asyncio.create_task(pluginwatch.poll(self._scan, self._register))
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -177,50 +176,21 @@ class DraKubeletEmulator:
 
         return await asyncio.wait_for(wait(), timeout)
 
-    async def _watch(self) -> None:
-        # The real watcher uses inotify; polling keeps the emulator dependency-free.
-        while True:
-            present: dict[Path, tuple[int, int, int]] = {}
-            for entry in sorted(os.listdir(self.registry)):
-                path = self.registry / entry
-                with contextlib.suppress(OSError):
-                    st = os.lstat(path)
-                    if stat.S_ISSOCK(st.st_mode):  # as the kubelet, other files are skipped
-                        present[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
-            for path, ident in present.items():
-                if self._seen.get(path) != ident:
-                    self._seen[path] = ident
-                    await self._register(path)
-            for path in set(self._seen) - set(present):
-                del self._seen[path]
-            await asyncio.sleep(WATCH_INTERVAL)
-
     async def _register(self, path: Path) -> None:
-        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
-            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
-            try:
-                info = await stub.GetInfo(
-                    pluginregistration_pb2.InfoRequest(), timeout=CALL_TIMEOUT
-                )
-            except grpc.aio.AioRpcError:
-                return
-            if info.type != DRA_TYPE:
-                return
-            self.infos.append(info)
-            ok, error = True, ""
-            if DRA_VERSION not in info.supported_versions:
-                ok, error = False, f"no supported version in {list(info.supported_versions)}"
-            elif self.reject > 0:
-                self.reject -= 1
-                ok, error = False, "emulated registration failure"
-            else:
-                await self._connect(info.name, Path(info.endpoint))
+        done = await pluginwatch.register(path, DRA_TYPE, self._decide)
+        if done is not None:
+            info, ok, error = done
             self.notifications.append((info.name, ok, error))
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.NotifyRegistrationStatus(
-                    pluginregistration_pb2.RegistrationStatus(plugin_registered=ok, error=error),
-                    timeout=CALL_TIMEOUT,
-                )
+
+    async def _decide(self, info: pluginregistration_pb2.PluginInfo) -> tuple[bool, str]:
+        self.infos.append(info)
+        if DRA_VERSION not in info.supported_versions:
+            return False, f"no supported version in {list(info.supported_versions)}"
+        if self.reject > 0:
+            self.reject -= 1
+            return False, "emulated registration failure"
+        await self._connect(info.name, Path(info.endpoint))
+        return True, ""
 
     async def _connect(self, driver: str, endpoint: Path) -> None:
         old = self.plugins.pop(driver, None)

@@ -2,9 +2,9 @@
 nats-server authorization config that grants them to NKey users.
 
 Pure: takes public keys (never seeds) and returns data or JSON text. An agent may publish
-only its own node subjects and its own desired-config request, hear only its own inbox,
-its own desired-config subject and resync requests only the aggregator may send, and holds
-no JetStream API at all; the aggregator may never publish node subjects; anonymous clients
+only its own node subjects and its own desired-config and DRA claim requests, hear only its
+own inbox, its own desired-config subject and resync requests only the aggregator may send,
+and holds no JetStream API at all; the aggregator may never publish node subjects; anonymous clients
 are refused.
 """
 
@@ -81,6 +81,9 @@ def agent_permissions(node: str, *, partitioned: bool = False) -> Permissions:
             f"{subjects.PREFIX}.node.{token}.>",
             *mapped,
             subjects.desired_get_subject(node),
+            # Its DRA plugin's claim requests (`aggregator.bus.claimanswer`): answered
+            # with this node's devices only, into this inbox only.
+            subjects.draclaims_get_subject(node),
         ),
         subscribe_allow=(
             f"_INBOX.{token}.>",
@@ -117,6 +120,7 @@ def aggregator_permissions() -> Permissions:
             # The pair-validation pods' results (docs/validation.md).
             subjects.VALIDATION_WILDCARD,
             subjects.DESIRED_GET_WILDCARD,
+            subjects.DRACLAIMS_GET_WILDCARD,
         ),
     )
 

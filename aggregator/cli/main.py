@@ -171,6 +171,12 @@ def main() -> None:
     is_flag=True,
     help="With --api-token-file/--api-token-review: leave /metrics open to scrapers.",
 )
+@click.option(
+    "--dra-publish",
+    is_flag=True,
+    help="The leader publishes every node's rdma.nicfleet.io DRA ResourceSlices "
+    "(needs a cluster; docs/dra.md). Default: none are written.",
+)
 @token_review_options
 @nats_callout_options
 @http_limit_options
@@ -199,6 +205,7 @@ def run(
     api_token_review: ReviewSettings | None,
     nats_callout: CalloutSettings | None,
     http_limits: HttpLimitSettings,
+    dra_publish: bool,
     verbose: int,
     log_level: str | None,
     log_format: LogFormat,
@@ -215,6 +222,7 @@ def run(
         validation_flags=validation_flags, partitions=partitions,
         api_token_file=api_token_file, metrics_public=metrics_public,
         api_token_review=api_token_review, http=http_limits, nats_callout=nats_callout,
+        dra_publish=dra_publish,
     )  # fmt: skip
     try:
         policies = read_policies(policy_file)

@@ -60,6 +60,7 @@ class RunFlags:
     api_token_review: ReviewSettings | None = None
     http: HttpLimitSettings = dataclasses.field(default_factory=HttpLimitSettings)
     nats_callout: CalloutSettings | None = None
+    dra_publish: bool = False
 
 
 def aggregator_settings(
@@ -83,6 +84,8 @@ def aggregator_settings(
         raise FlagError(
             "--nats-callout-issuer-seed-file: needs --in-cluster, --kubeconfig or --kube-api"
         )
+    if flags.dra_publish and not ways:
+        raise FlagError("--dra-publish: needs --in-cluster, --kubeconfig or --kube-api")
     if ways and flags.policy_file is not None:
         raise FlagError("--policy: with a cluster, policies come from NicFleetPolicy objects")
     kube = KubeSettings(
@@ -109,6 +112,7 @@ def aggregator_settings(
         alerts=AlertWiring(alertmanager=AlertmanagerSettings(url=url) if url else None),
         http=flags.http,
         nats_callout=flags.nats_callout,
+        dra_publish=flags.dra_publish,
     )
     if flags.identity:
         settings = dataclasses.replace(settings, identity=flags.identity)

@@ -47,6 +47,7 @@ from aggregator.kube.objects import (
     result_from_review,
     scheduling_event_from_object,
 )
+from proto import dranames
 
 if TYPE_CHECKING:  # imported when connecting: `kubernetes` costs ~0.4 s at every start
     from kubernetes.aio import client as k8s
@@ -60,6 +61,9 @@ NV_IPAM_CIDRPOOLS = ("nv-ipam.nvidia.com", "v1alpha1", "cidrpools")
 WHEREABOUTS_IPPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "ippools")
 WHEREABOUTS_NODESLICEPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "nodeslicepools")
 NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
+RESOURCE_CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")  # DRA (aggregator.dra.claims)
+# DRA ResourceSlices the aggregator publishes (aggregator.dra.publisher); only its driver's.
+RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 
@@ -444,6 +448,85 @@ class KubeClient:
         except ValueError as exc:
             raise KubeUnavailableError(f"{what}: not a TokenReview: {exc}") from None
 
+    # --- DRA ResourceClaims (all namespaces; read-only) ------------------------------------
+
+    async def list_resource_claims(self) -> Listing:
+        raw = await self._json(
+            "list ResourceClaims",
+            self._custom.list_cluster_custom_object_without_preload_content(
+                *RESOURCE_CLAIMS, **self._timeout()
+            ),
+        )
+        return listing_from(raw)
+
+    def watch_resource_claims(self, resource_version: str | None) -> AsyncIterator[WatchEvent]:
+        return self._watch(
+            "watch ResourceClaims",
+            self._custom.list_cluster_custom_object,
+            *RESOURCE_CLAIMS,
+            resource_version=resource_version,
+        )
+
+    # --- DRA ResourceSlices (aggregator.dra.publisher; rdma.nicfleet.io only) ------------
+
+    async def list_resource_slices(self) -> list[dict[str, Any]]:
+        """Every rdma.nicfleet.io ResourceSlice as plain objects (the server filters by
+        the `spec.driver` field selector; the publisher filters again, so no other
+        driver's slice is ever acted on)."""
+        raw = await self._json(
+            f"list ResourceSlices of {dranames.DRIVER}",
+            self._custom.list_cluster_custom_object_without_preload_content(
+                *RESOURCE_SLICES,
+                field_selector=f"spec.driver={dranames.DRIVER}",
+                **self._timeout(),
+            ),
+        )
+        return [dict(item) for item in listing_from(raw).items]
+
+    async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a ResourceSlice; the stored object (its resourceVersion) comes back."""
+        _check_slice(body)
+        name = (body.get("metadata") or {}).get("name", "?")
+        raw = await self._json(
+            f"create ResourceSlice {name}",
+            self._custom.create_cluster_custom_object_without_preload_content(
+                *RESOURCE_SLICES, dict(body), **self._timeout()
+            ),
+        )
+        return raw if isinstance(raw, dict) else {}
+
+    async def replace_resource_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace ResourceSlice `name` (PUT); `metadata.resourceVersion` in `body` makes
+        the server answer 409 (KubeError, status 409) when it changed since it was read."""
+        _check_slice(body)
+        raw = await self._json(
+            f"replace ResourceSlice {name}",
+            self._custom.replace_cluster_custom_object_without_preload_content(
+                *RESOURCE_SLICES, name, dict(body), **self._timeout()
+            ),
+        )
+        return raw if isinstance(raw, dict) else {}
+
+    async def delete_resource_slice(self, name: str, resource_version: str | None) -> bool:
+        """Delete ResourceSlice `name`, guarded by `resource_version` when given (409 when it
+        changed); False when it was already gone."""
+        options: dict[str, Any] = (
+            {"preconditions": {"resourceVersion": resource_version}} if resource_version else {}
+        )
+        try:
+            await self._json(
+                f"delete ResourceSlice {name}",
+                self._custom.delete_cluster_custom_object_without_preload_content(
+                    *RESOURCE_SLICES,
+                    name,
+                    body=_model("V1DeleteOptions", options),
+                    **self._timeout(),
+                ),
+            )
+        except KubeNotFoundError:
+            return False
+        return True
+
     # --- plumbing ------------------------------------------------------------------------
 
     def _timeout(self) -> dict[str, Any]:
@@ -488,6 +571,15 @@ async def _translated(what: str) -> AsyncIterator[None]:
         raise payloads.translated(what, exc) from exc
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise KubeUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_slice(body: Mapping[str, Any]) -> None:
+    """ValueError unless `body` is an rdma.nicfleet.io slice of its node's own pool: the
+    aggregator writes no other driver's slices (a second guard behind the planner's)."""
+    spec = body.get("spec") or {}
+    pool = spec.get("pool") or {}
+    if spec.get("driver") != dranames.DRIVER or pool.get("name") != spec.get("nodeName"):
+        raise ValueError(f"only {dranames.DRIVER} slices of a node's own pool may be written")
 
 
 def _model(name: str, data: dict[str, Any]) -> Any:

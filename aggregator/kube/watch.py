@@ -1,7 +1,7 @@
 """Keeps the aggregator's picture of the cluster current: NicFleetPolicies and Nodes by
 list+watch; pods requesting RDMA resources, NetworkAttachmentDefinitions and IP pools
 (NV-IPAM, whereabouts), the chain's DaemonSets, FailedScheduling Events and the
-NicClusterPolicy's status by periodic list.
+NicClusterPolicy's status by periodic list; DRA ResourceClaims by list+watch (ClaimWatcher).
 
 Owns the retry loops (a failed call never ends `run`; it is logged once and retried) and
 announces every change through `changed` (an asyncio.Event the consumer clears) and an
@@ -28,6 +28,7 @@ from aggregator.cluster import (
     PodRequest,
     SchedulingEvent,
 )
+from aggregator.dra.claims import ClaimIndex
 from aggregator.errors import KubeError
 from aggregator.kube.client import KubeClient
 from aggregator.kube.objects import (
@@ -262,6 +263,47 @@ class ClusterWatcher:
         self.changed.set()
         if self._on_change is not None:
             self._on_change(kind)
+
+
+class ClaimWatcher:
+    """DRA ResourceClaims by list+watch into a `ClaimIndex` (aggregator.dra.claims), for
+    the DRA plugins' claim requests; apart from ClusterWatcher because reconcile reads no
+    claims and a cluster without resource.k8s.io/v1 must not disturb it."""
+
+    def __init__(
+        self, kube: KubeClient, index: ClaimIndex, settings: WatchSettings = WatchSettings()
+    ) -> None:
+        self._kube = kube
+        self._settings = settings
+        self.index = index
+        self.synced = asyncio.Event()  # the first list arrived
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(self._sync(stop))
+            await stop.wait()  # a watch blocks until the server ends it: cancel it
+            task.cancel()
+
+    async def _sync(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                listing = await self._kube.list_resource_claims()
+                self.index.replace(listing.items)
+                self.synced.set()
+                async for event in self._kube.watch_resource_claims(listing.resource_version):
+                    failures = 0
+                    self.index.apply(event.type, event.object)
+                failures = 0
+            except KubeError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("watching ResourceClaims: %s; retrying", exc)
+                delay = min(
+                    self._settings.retry_s * 2 ** (failures - 1), self._settings.retry_max_s
+                )
+                if await _wait_or_stop(stop, delay):
+                    return
 
 
 def _warn_once(failed: set[str], key: str, message: str) -> None:

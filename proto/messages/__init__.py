@@ -1,5 +1,6 @@
 """Every wire message besides the snapshot, one module per family: counters, events,
-device-plugin status, desired config, alerts, control (resync), validation, shards.
+device-plugin status, desired config, alerts, control (resync), validation, shards,
+DRA claims.
 
 Each top-level message carries a `schema` tag and a `version`; fields added later must
 have defaults so that older payloads keep decoding. Imports only msgspec, the standard

@@ -9,13 +9,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from agent.lab.kubelet import (
-    CALL_TIMEOUT,
-    WATCH_INTERVAL,
-    KubeletEmulator,
-    PluginConnection,
-    ResourceView,
-)
+from agent.lab.kubelet import KubeletEmulator, PluginConnection, ResourceView
+from agent.lab.pluginwatch import CALL_TIMEOUT, WATCH_INTERVAL
 
 __all__ = [
     "CALL_TIMEOUT",

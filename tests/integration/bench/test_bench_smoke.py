@@ -76,6 +76,7 @@ EXPECTED_KEYS: Final[dict[str, frozenset[str]]] = {
         {"ports", "full_map", "delta_map", "ingest_full_map_us", "ingest_delta_map_us", "smoke"}
     ),
     "deviceplugin_latency": frozenset({"machine", "fault", "allocate", "restart", "smoke"}),
+    "dra_latency": frozenset({"machine", "prepare", "writes", "fault", "slices", "smoke"}),
     "ingest_scale": frozenset(
         {"tree", "machine", "encoding", "points", "capacity", "largest_sustained_nodes", "smoke"}
     ),

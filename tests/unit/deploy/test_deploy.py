@@ -189,6 +189,10 @@ def test_calls_are_derived_from_kube_py() -> None:
     assert {a.namespace for a in calls if a.resource == "leases"} == {lease}
     assert Access(OPTIONAL_GROUP, "nicclusterpolicies", "get", "", "nic-cluster-policy") in calls
     assert Access("authentication.k8s.io", "tokenreviews", "create", "", "") in calls
+    slices = {a.verb for a in calls if a.resource == "resourceslices"}
+    assert slices == {"list", "create", "update", "delete"}  # no patch, no watch
+    claims = {a.verb for a in calls if a.resource == "resourceclaims"}
+    assert claims == {"list", "watch"}  # read only: the agents' claims forwarded over NATS
     assert (
         lease
         == NAMESPACE

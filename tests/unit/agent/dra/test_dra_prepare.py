@@ -68,6 +68,23 @@ async def test_prepare_is_idempotent_and_survives_a_restart(tmp_path: Path) -> N
     assert node.preparer().prepared == {}
 
 
+async def test_a_reboot_that_wiped_the_cdi_dir_writes_the_spec_again(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.source.put(REF, (alloc("mlx5-0"),))
+    first = await node.preparer().prepare(REF)
+    spec = node.cdi / spec_file_name(UID)
+    written = spec.read_text()
+    spec.unlink()  # /var/run/cdi is a tmpfs; the checkpoint under /var/lib survived
+    again = await node.preparer().prepare(REF)
+    assert again.error == "" and again.devices == first.devices
+    assert spec.read_text() == written
+    # Without the allocation any more, the claim cannot be prepared again: an error, not
+    # ids the runtime could not resolve.
+    spec.unlink()
+    node.source.drop(UID)
+    assert (await node.preparer().prepare(REF)).error != ""
+
+
 async def test_one_device_in_two_requests_is_one_cdi_device(tmp_path: Path) -> None:
     node = Node(tmp_path)
     node.source.put(REF, (alloc("mlx5-0"), alloc("mlx5-0", request="other")))

@@ -47,7 +47,11 @@ KEY = public_key(new_user_seed())
         pytest.param(
             Identity(Role.AGENT, KEY, "gpu-01"),
             Permissions(
-                publish_allow=("nicfleet.v1.node.gpu-01.>", "nicfleet.v1.desired.gpu-01.get"),
+                publish_allow=(
+                    "nicfleet.v1.node.gpu-01.>",
+                    "nicfleet.v1.desired.gpu-01.get",
+                    "nicfleet.v1.draclaims.gpu-01.get",
+                ),
                 subscribe_allow=(
                     "_INBOX.gpu-01.>",
                     "nicfleet.v1.control.resync",
@@ -62,6 +66,7 @@ KEY = public_key(new_user_seed())
                 publish_allow=(
                     "nicfleet.v1.node.rack1_gpu-01.>",
                     "nicfleet.v1.desired.rack1_gpu-01.get",
+                    "nicfleet.v1.draclaims.rack1_gpu-01.get",
                 ),
                 subscribe_allow=(
                     "_INBOX.rack1_gpu-01.>",
@@ -93,6 +98,7 @@ KEY = public_key(new_user_seed())
                     "nicfleet.v1.shard.*.summary",
                     "nicfleet.v1.validation.*",
                     "nicfleet.v1.desired.*.get",
+                    "nicfleet.v1.draclaims.*.get",
                 ),
             ),
             id="aggregator-never-publishes-node-subjects",

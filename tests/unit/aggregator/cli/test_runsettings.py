@@ -43,6 +43,11 @@ REVIEW = ReviewSettings()
             "--policy: with a cluster, policies come from NicFleetPolicy objects",
             id="policy-file-with-cluster",
         ),
+        pytest.param(
+            RunFlags(dra_publish=True),
+            "--dra-publish: needs --in-cluster, --kubeconfig or --kube-api",
+            id="dra-publish-without-cluster",
+        ),
     ],
 )
 def test_flags_that_cannot_work_together(flags: RunFlags, message: str) -> None:
@@ -57,6 +62,8 @@ def test_defaults_are_one_open_process_with_an_embedded_server() -> None:
     assert (settings.listen_host, settings.listen_port) == ("127.0.0.1", 8080)
     assert settings.alerts.alertmanager is None
     assert settings.shards.partitions == 0
+    assert settings.dra_publish is False
+    assert aggregator_settings(RunFlags(in_cluster=True, dra_publish=True)).dra_publish
 
 
 def test_every_flag_lands_in_its_setting() -> None:
