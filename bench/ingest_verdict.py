@@ -1,6 +1,8 @@
 """The figures and verdict of bench/ingest_scale.py (issue 8), pure: samples, the bare
 subscriber's lines and the load generator's result in; msgs/s, lag, alert latency,
 "sustained", the capacity over the node counts tried and the table row out.
+
+A library, not a script: `bench/ingest_scale.py --smoke` runs it (make test).
 """
 
 from __future__ import annotations

@@ -24,16 +24,16 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter
 
+from aggregator.bus import nodeanswers
+from aggregator.bus.nodeanswers import reply_in_inbox
 from aggregator.dra.claims import ClaimIndex
 from proto import subjects
 from proto.codec import CodecError, decode, encode
 from proto.messages.draclaims import ClaimStatus, DraClaimRequest
-from proto.runtime.natsconnect import agent_inbox_prefix
 
 log = logging.getLogger(__name__)
 
 QUEUE = "nicfleet-draclaims"  # every replica in one group: one answer per request
-LOG_EVERY_S = 60.0
 MAX_REQUEST_BYTES = 4096  # namespace (63) + name (253) + uid (36) and framing
 
 
@@ -51,16 +51,9 @@ def check_request(subject: str, reply: str | None) -> str | Refusal:
         node = subjects.parse_draclaims_get_subject(subject)
     except ValueError:
         return Refusal.SUBJECT
-    reply = reply or ""
-    prefix = f"{agent_inbox_prefix(node)}."
-    rest = reply[len(prefix) :]
-    if not reply.startswith(prefix) or not rest or not all(_literal(t) for t in rest.split(".")):
+    if not reply_in_inbox(node, reply):
         return Refusal.REPLY
     return node
-
-
-def _literal(token: str) -> bool:
-    return bool(token) and token not in ("*", ">") and not any(c.isspace() for c in token)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,9 +76,8 @@ class ClaimFeed:
         self._nc = nc
         self._index = index
         self._settings = settings or ClaimFeedSettings()
-        self._clock = clock
         self._sub: Subscription | None = None
-        self._logged_at: dict[Refusal, float] = {}
+        self._refusals = nodeanswers.RefusalLog(log, "DRA claim request", clock)
         self._answered = Counter(
             "nicfleet_draclaims_requests_answered",
             "DRA plugins' claim requests answered, by status (allocated, unknown, "
@@ -116,24 +108,7 @@ class ClaimFeed:
     async def run(self, stop: asyncio.Event) -> None:
         if self._sub is None:
             raise RuntimeError("ClaimFeed.run before open")
-        limit = asyncio.Semaphore(self._settings.concurrency)
-
-        async def answer(msg: Msg) -> None:
-            try:
-                await self.answer(msg)
-            finally:
-                limit.release()
-
-        async def serve(sub: Subscription) -> None:
-            async with asyncio.TaskGroup() as tasks:
-                async for msg in sub.messages:
-                    await limit.acquire()
-                    tasks.create_task(answer(msg))
-
-        async with asyncio.TaskGroup() as tasks:
-            server = tasks.create_task(serve(self._sub))
-            await stop.wait()
-            server.cancel()
+        await nodeanswers.serve(self._sub, self.answer, self._settings.concurrency, stop)
 
     async def answer(self, msg: Msg) -> None:
         """One request: refused, or the claim's allocation on the asking node answered."""
@@ -158,12 +133,4 @@ class ClaimFeed:
 
     def _refuse(self, reason: Refusal, msg: Msg) -> None:
         self._refused.labels(reason.value).inc()
-        now = self._clock()
-        last = self._logged_at.get(reason)
-        if last is None or now - last >= LOG_EVERY_S:
-            self._logged_at[reason] = now
-            log.warning(
-                "DRA claim request refused (%s): subject %r, reply %r "
-                "(further refusals for this reason are counted, logged once a minute)",
-                reason.value, msg.subject[:200], (msg.reply or "")[:200],
-            )  # fmt: skip
+        self._refusals.refused(reason.value, msg)

@@ -27,15 +27,15 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
+from aggregator.bus import nodeanswers
+from aggregator.bus.nodeanswers import reply_in_inbox
 from proto import subjects
 from proto.codec import encode
 from proto.messages.config import DesiredUpdate
-from proto.runtime.natsconnect import agent_inbox_prefix
 
 log = logging.getLogger(__name__)
 
 QUEUE = "nicfleet-desired"  # every replica in one group: one answer per request
-LOG_EVERY_S = 60.0
 
 
 class Refusal(StrEnum):
@@ -55,16 +55,9 @@ def check_request(subject: str, reply: str) -> str | Refusal:
         node = subjects.parse_desired_get_subject(subject)
     except ValueError:
         return Refusal.SUBJECT
-    prefix = f"{agent_inbox_prefix(node)}."
-    rest = reply[len(prefix) :]
-    tokens = rest.split(".")
-    if not reply.startswith(prefix) or not rest or any(not _literal(t) for t in tokens):
+    if not reply_in_inbox(node, reply):
         return Refusal.REPLY
     return node
-
-
-def _literal(token: str) -> bool:
-    return bool(token) and token not in ("*", ">") and not any(c.isspace() for c in token)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,9 +81,8 @@ class DesiredFeed:
         self._nc = nc
         self._kv = kv
         self._settings = settings or DesiredFeedSettings()
-        self._clock = clock
         self._sub: Subscription | None = None
-        self._logged_at: dict[Refusal, float] = {}
+        self._refusals = nodeanswers.RefusalLog(log, "desired config request", clock)
         self._answered = Counter(
             "nicfleet_desired_requests_answered",
             "Agents' desired-config requests answered from KV nicfleet-config.",
@@ -122,24 +114,7 @@ class DesiredFeed:
     async def run(self, stop: asyncio.Event) -> None:
         if self._sub is None:
             raise RuntimeError("DesiredFeed.run before open")
-        limit = asyncio.Semaphore(self._settings.concurrency)
-
-        async def answer(msg: Msg) -> None:
-            try:
-                await self.answer(msg)
-            finally:
-                limit.release()
-
-        async def serve(sub: Subscription) -> None:
-            async with asyncio.TaskGroup() as tasks:
-                async for msg in sub.messages:
-                    await limit.acquire()
-                    tasks.create_task(answer(msg))
-
-        async with asyncio.TaskGroup() as tasks:
-            server = tasks.create_task(serve(self._sub))
-            await stop.wait()
-            server.cancel()
+        await nodeanswers.serve(self._sub, self.answer, self._settings.concurrency, stop)
 
     async def answer(self, msg: Msg) -> None:
         """One request: refused, or the node's entry sent to its reply subject."""
@@ -183,12 +158,5 @@ class DesiredFeed:
 
     def _refuse(self, reason: Refusal, msg: Msg) -> None:
         self._refused.labels(reason.value).inc()
-        now = self._clock()
-        last = self._logged_at.get(reason)
-        if reason is not Refusal.STORE and (last is None or now - last >= LOG_EVERY_S):
-            self._logged_at[reason] = now
-            log.warning(
-                "desired config request refused (%s): subject %r, reply %r "
-                "(further refusals for this reason are counted, logged once a minute)",
-                reason.value, msg.subject[:200], (msg.reply or "")[:200],
-            )  # fmt: skip
+        if reason is not Refusal.STORE:  # a KV hiccup is no attack: the agent asks again
+            self._refusals.refused(reason.value, msg)
