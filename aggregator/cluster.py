@@ -9,7 +9,7 @@ selected by every policy — there are no labels to select by.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -48,6 +48,28 @@ class NetworkStatus(msgspec.Struct, frozen=True, kw_only=True):
     rdma_device: str | None = None  # device-info.pci["rdma-device"]
 
 
+class PodClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a pod's spec.resourceClaims and the ResourceClaim it resolved to."""
+
+    name: str  # the entry's name (what containers' resources.claims[].name refer to)
+    # The ResourceClaim in the pod's namespace: spec.resourceClaims[].resourceClaimName, or
+    # for a template the generated name from status.resourceClaimStatuses; None: not yet
+    # generated (the resourceclaim controller has not made it).
+    claim: str | None = None
+    template: str | None = None  # resourceClaimTemplateName
+
+
+class ClaimHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a container's status.allocatedResourcesStatus that names a claim
+    (`claim:<entry>` or `claim:<entry>/<request>`), as the kubelet reports DRA health."""
+
+    container: str
+    entry: str  # the pod's resourceClaims entry name
+    request: str | None = None
+    resource_id: str  # "<driver>/<pool>/<device>" (the kubelet's ResourceID)
+    health: str  # Healthy | Unhealthy | Unknown
+
+
 class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A pod that requests an extended resource, and the networks it attaches."""
 
@@ -62,6 +84,10 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     networks_error: str | None = None  # the networks annotation did not parse
     # k8s.v1.cni.cncf.io/network-status as Multus wrote it (secondary networks only).
     network_status: tuple[NetworkStatus, ...] = ()
+    # DRA: spec.resourceClaims (a pod with only these is listed too) and the kubelet's
+    # per-device health of them (containerStatuses[].allocatedResourcesStatus).
+    claims: tuple[PodClaim, ...] = ()
+    claim_health: tuple[ClaimHealth, ...] = ()
 
 
 class NetworkAttachment(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,6 +217,52 @@ class OperatorStatus(msgspec.Struct, frozen=True, kw_only=True):
     applied: tuple[AppliedState, ...] = ()
 
 
+class DraResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a ResourceClaim's status.allocation.devices.results (any driver)."""
+
+    request: str  # "nic", or "nic/ib" for a firstAvailable subrequest
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+class DraClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A ResourceClaim (resource.k8s.io/v1) whose spec or allocation names a device of any
+    driver; the trace and the DRA rules read it."""
+
+    namespace: str
+    name: str
+    uid: str
+    # The object's spec as the API server returned it (aggregator.dra.objects.parse_claim
+    # reads {"metadata": {"name"}, "spec": spec}); kept to explain a pending claim.
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+    allocated: bool = False  # status.allocation is set
+    results: tuple[DraResult, ...] = ()  # every driver's
+    node: str | None = None  # the node the allocation's nodeSelector pins (metadata.name In)
+    reserved_for: tuple[str, ...] = ()  # status.reservedFor pods, "ns/name"
+    deleting: bool = False  # metadata.deletionTimestamp set
+
+
+class DraDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a ResourceSlice of any driver (aggregator.dra.objects.Device as data)."""
+
+    driver: str
+    pool: str
+    node: str  # spec.nodeName ("" for a slice that is not node-local)
+    name: str
+    slice: str  # the ResourceSlice's name
+    attributes: dict[str, bool | int | str] = msgspec.field(default_factory=dict)  # qualified
+    capacity: dict[str, str] = msgspec.field(default_factory=dict)  # qualified -> quantity
+
+
+class DraDeviceClass(msgspec.Struct, frozen=True, kw_only=True):
+    """A DeviceClass (resource.k8s.io/v1): its name and CEL selectors."""
+
+    name: str
+    selectors: tuple[str, ...] = ()
+
+
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     present: bool = False  # False: no API server (policy from --policy FILE)
     nodes: dict[str, ClusterNode] = msgspec.field(default_factory=dict)
@@ -201,6 +273,12 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     nic_cluster_policy: OperatorStatus | None = None  # None: absent or not readable
     ip_pools: tuple[IpPool, ...] = ()
     held_addresses: tuple[HeldAddresses, ...] = ()  # every unfinished pod's, by network-status
+    # DRA (resource.k8s.io/v1), listed with the pods; `dra_present` False: the API server
+    # serves no resource.k8s.io/v1 (or the aggregator may not list it): links say unknown.
+    dra_present: bool = False
+    claims: tuple[DraClaim, ...] = ()
+    dra_devices: tuple[DraDevice, ...] = ()  # every driver's, from ResourceSlices
+    device_classes: tuple[DraDeviceClass, ...] = ()
 
 
 NO_CLUSTER = ClusterView()

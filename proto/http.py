@@ -164,6 +164,11 @@ class PodTrace(msgspec.Struct, frozen=True, kw_only=True):
     untraced: dict[str, str] = msgspec.field(default_factory=dict)
     # Why a scheduled pod has no RDMA chain at all (None when it has one, or is pending).
     no_chain: str | None = None
+    # DRA: one chain per entry of the pod's spec.resourceClaims that asks for (or was
+    # allocated) an rdma.nicfleet.io device, by entry name (aggregator.trace.dra). Each is
+    # a Trace whose `resource` is "claim/<entry>" and whose `node` is the pod's node ("" while
+    # the pod is pending); `ok` above also requires none of them broken.
+    claims: tuple[Trace, ...] = ()
 
 
 Phase = Literal["pending", "pods-created", "running", "collecting", "done", "failed", "timed-out"]

@@ -36,6 +36,42 @@ class ResourceStatus(Base, frozen=True, kw_only=True):
     config_error: str | None = None
 
 
+class DraClaimState(Base, frozen=True, kw_only=True):
+    """One ResourceClaim the agent's DRA plugin prepared (from its checkpoint) or failed to
+    prepare on its last attempt (`error` set, nothing written)."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[str, ...] = ()  # DRA device names (mlx5-0, mlx5-0-s1), prepared only
+    cdi_ids: tuple[str, ...] = ()  # what NodePrepareResources answered, prepared only
+    error: str | None = None  # the per-claim error of the last failed prepare
+    at: float = 0.0  # agent clock: when it was prepared, or when the prepare failed
+
+
+class DraSliceConfig(Base, frozen=True, kw_only=True):
+    """How the agent's devices are to be published (proto.draslices.SliceSettings), so
+    that the aggregator's publisher and API build the node's slices as the node asks."""
+
+    sharing: str = "exclusive"  # exclusive | copies | consumable (a plain string on the wire)
+    share: int = 1  # --dra-share: allocations one RDMA device may serve at once
+    rails: dict[str, int] = msgspec.field(default_factory=dict)  # RDMA device -> rail, given
+
+
+class DraPluginStatus(Base, frozen=True, kw_only=True):
+    """The agent's DRA kubelet plugin (`--dra`): registration, what it prepared, what failed."""
+
+    # starting | waiting | registered | rejected | retrying | stopped (DraPlugin.state)
+    state: str = "starting"
+    error: str | None = None
+    endpoint: str | None = None  # dra.sock path
+    slices: DraSliceConfig = msgspec.field(default_factory=DraSliceConfig)
+    prepared: tuple[DraClaimState, ...] = ()  # the checkpoint's claims, by UID
+    # The newest failed prepares of claims not prepared since, newest first, at most 32.
+    failed: tuple[DraClaimState, ...] = ()
+    unhealthy: dict[str, str] = msgspec.field(default_factory=dict)  # DRA device -> why
+
+
 class DevicePluginStatus(
     Base, frozen=True, kw_only=True, tag_field="schema", tag="nicfleet.v1.DevicePluginStatus"
 ):
@@ -48,3 +84,6 @@ class DevicePluginStatus(
     # The agent process that sent it (docs/wire.md, "Ordering"): its start in unix ns by
     # its own clock, the same in every message of one process; 0: an agent older than epochs.
     epoch: int = 0
+    # The DRA kubelet plugin, when the agent runs one (`--dra`); None: off. An agent running
+    # only the DRA plugin sends this message with `resources` empty.
+    dra: DraPluginStatus | None = None
