@@ -14,8 +14,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +31,7 @@ from agent.deviceplugin.advertised import (
 from agent.deviceplugin.checkconfig import device_plugin
 from agent.deviceplugin.configsource import config_sources
 from agent.deviceplugin.registration import RegistrationMode
-from agent.dra.cli import dra
+from agent.dra.cli import dra, share_options, slice_settings
 from agent.dra.pluginrunner import DraSettings
 from agent.errors import AgentError
 from agent.host.inventory import collect_snapshot
@@ -290,6 +290,21 @@ def _check_metrics_addr(
     "read (<uid>.json).",
 )
 @click.option(
+    "--dra-plugins-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DraSettings().plugins_dir,
+    show_default=True,
+    help="With --dra: the kubelet's plugins directory (the plugin serves "
+    "DIR/rdma.nicfleet.io/dra.sock).",
+)
+@click.option(
+    "--dra-state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DraSettings().state_dir,
+    show_default=True,
+    help="With --dra: where the prepared-claims checkpoint is kept (survives restarts).",
+)
+@click.option(
     "--dra-claims",
     type=click.Choice(["nats", "dir"]),
     default="nats",
@@ -297,6 +312,7 @@ def _check_metrics_addr(
     help="With --dra: where claim allocations come from: nats (asked of the aggregator, "
     "which watches ResourceClaims) or dir (--dra-claims-dir).",
 )
+@share_options("dra-", needs="--dra")  # as `dra slices --share/--consumable/--rail`
 @click.option(
     "--metrics-addr",
     metavar="HOST:PORT",
@@ -351,6 +367,11 @@ class RunFlags:
     dra: bool = False
     dra_claims_dir: Path = DraSettings().claims_dir
     dra_claims: Literal["nats", "dir"] = "nats"
+    dra_share: int = 1
+    dra_consumable: bool = False
+    dra_rails: Mapping[str, int] = field(default_factory=dict)
+    dra_plugins_dir: Path = DraSettings().plugins_dir
+    dra_state_dir: Path = DraSettings().state_dir
 
 
 def _check_run_flags(flags: RunFlags) -> None:
@@ -369,6 +390,14 @@ def _check_run_flags(flags: RunFlags) -> None:
             parse_device_plugin_resources(path.read_bytes(), source=str(path))
         except (OSError, ConfigError) as exc:
             _fail(f"--device-plugin-config: {exc}")
+    if not flags.dra:
+        for given, option in (
+            (flags.dra_share != 1, "--dra-share"),
+            (flags.dra_consumable, "--dra-consumable"),
+            (bool(flags.dra_rails), "--dra-rail"),
+        ):
+            if given:
+                _fail(f"{option}: needs --dra (it says how the DRA plugin's devices are shared)")
 
 
 def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSettings:
@@ -412,6 +441,11 @@ def agent_settings(flags: RunFlags, *, node_name: str, verbs: bool) -> AgentSett
             cdi_dir=flags.cdi_dir,
             claims_dir=flags.dra_claims_dir,
             claims_from=flags.dra_claims,
+            slices=slice_settings(
+                share=flags.dra_share, consumable=flags.dra_consumable, rails=flags.dra_rails
+            ),
+            plugins_dir=flags.dra_plugins_dir,
+            state_dir=flags.dra_state_dir,
         )
         if flags.dra
         else None,

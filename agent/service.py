@@ -156,7 +156,13 @@ class AgentService:
                 if settings.dra.claims_from == "nats"
                 else None  # DraPlugin's ClaimDirectory
             )
-            self.dra = DraPlugin(settings.dra, node=settings.node_name, source=claims)
+            self.dra = DraPlugin(
+                settings.dra,
+                node=settings.node_name,
+                source=claims,
+                clock=clock,
+                on_change=self._status_changed.set,
+            )
         self.metrics: MetricsServer | None = None
         if settings.metrics_addr is not None:
             self.metrics = MetricsServer(agent_registry(self), *settings.metrics_addr)
@@ -257,6 +263,7 @@ class AgentService:
                     tasks.create_task(self._config.watch_file(stop))
                 if self.desired is not None:
                     tasks.create_task(self.desired.run(stop))
+            if self.plugin is not None or self.dra is not None:
                 tasks.create_task(self._status_loop(stop))
             if self.metrics is not None:
                 tasks.create_task(self.metrics.run(stop))
@@ -269,14 +276,23 @@ class AgentService:
             self._status_changed.set()
 
     async def _status_loop(self, stop: asyncio.Event) -> None:
-        assert self.plugin is not None
         while not stop.is_set():
             await _wait_any(stop, self._status_changed, timeout=self.settings.inventory_interval)
             if stop.is_set():
                 return
             self._status_changed.clear()
-            status: DevicePluginStatus = self.plugin.plugin_status()
-            await self._publisher.publish(status)
+            await self._publisher.publish(self.plugin_status())
+
+    def plugin_status(self) -> DevicePluginStatus:
+        """Both kubelet plugins in one message: the device plugin's resources (none when it
+        is off) and the DRA plugin's status (None when it is off)."""
+        if self.plugin is not None:
+            status = self.plugin.plugin_status()
+        else:
+            status = DevicePluginStatus(node=self.settings.node_name, observed_at=self._clock())
+        if self.dra is None:
+            return status
+        return msgspec.structs.replace(status, dra=self.dra.status())
 
     def _feed_plugin(self) -> None:
         if self.plugin is not None and self._snapshot is not None:

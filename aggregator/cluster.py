@@ -29,6 +29,7 @@ class NodeCondition(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
     name: str
+    uid: str | None = None  # metadata.uid: the owner of the node's ResourceSlices
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     # status.allocatable / status.capacity as the API server reports them ("8", "1Gi").
     allocatable: dict[str, str] = msgspec.field(default_factory=dict)

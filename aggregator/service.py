@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -308,15 +308,16 @@ class AggregatorService:
         watcher = cluster.watcher
         assert cluster.kube is not None
 
-        def cluster_nodes() -> Collection[str] | None:  # None until the Node list is in
-            synced = watcher is not None and watcher.nodes_synced.is_set()
-            return cluster.view().nodes.keys() if synced else None
+        def cluster_nodes() -> dict[str, str | None] | None:  # None until the Node list is in
+            if watcher is None or not watcher.nodes_synced.is_set():
+                return None
+            return {name: node.uid for name, node in cluster.view().nodes.items()}
 
         return SlicePublisher(
             PublishSettings(stale_after=self.settings.stale_after),
             api=cluster.kube, changes=self.changes.subscribe(), records=fleet.view,
             cluster_nodes=cluster_nodes, is_leader=runtime.replica.writes(runtime.leader),
-            clock=self.clock,
+            clock=self.clock, registry=self.metrics.registry,
         )  # fmt: skip
 
     def _build_app(

@@ -11,6 +11,11 @@
    beside the device plugin's fault -> Unhealthy on ListAndWatch (bench/deviceplugin_latency).
 3. ResourceSlice size (JSON bytes, devices, attributes) and build time of
    proto.draslices.build_slices for `nicfleet-agent lab render --synthetic 16`.
+4. Port fault -> ResourceSlice updated: the aggregator's publisher (`--dra-publish`,
+   aggregator.dra.publisher through aggregator.kube.client over loopback HTTP) against kmock
+   (tests/integration/kube/sliceapi.py), a fleet of `--nodes` 16-adapter nodes already
+   published; a port event fed to the fleet and its change feed as ingest does, timed until
+   kmock has stored the slice with that device's portState flipped (down and up in turn).
 A script for docs/performance.md, never a test. Run: .venv/bin/python bench/dra_latency.py
 (`--smoke`: a few calls and faults, seconds; checks the script still runs)
 """
@@ -53,18 +58,27 @@ from agent.lab.kubeletdra import DraKubeletEmulator, DraPluginConnection  # noqa
 from agent.lab.render import render  # noqa: E402
 from agent.lab.spec import load_builtin, with_node_name  # noqa: E402
 from agent.lab.synthetic import synthetic_spec  # noqa: E402
+from aggregator.dra.publisher import PublishSettings, SlicePublisher  # noqa: E402
+from aggregator.fleet.changefeed import ChangeFeed  # noqa: E402
+from aggregator.fleet.state import Fleet  # noqa: E402
+from aggregator.kube.client import KubeClient, KubeSettings  # noqa: E402
 from proto import draslices  # noqa: E402
 from proto.dra import health_pb2  # noqa: E402
 from proto.dranames import DRIVER, device_name  # noqa: E402
 from proto.messages.config import DevicePluginConfig  # noqa: E402
+from proto.messages.events import LinkEvent  # noqa: E402
 
 NODE: Final = "bench"
 DEVICES_PER_CLAIM: Final = 8
 # The issue's targets (issue 22, "Measured").
 TARGET_PREPARE_P99_MS: Final = 5.0
 TARGET_FAULT_P99_MS: Final = 100.0
+TARGET_SLICE_P99_MS: Final = 1000.0  # port fault -> ResourceSlice updated
 # --smoke: the same path, tiny (make test runs it; its numbers mean nothing).
-SMOKE: Final = {"calls": 5, "faults": 2, "poll_interval": 0.05, "writes": 5, "builds": 2}
+SMOKE: Final = {
+    "calls": 5, "faults": 2, "poll_interval": 0.05, "writes": 5, "builds": 2,
+    "nodes": 3, "publishes": 6,
+}  # fmt: skip
 
 percentiles = dp.percentiles
 
@@ -347,8 +361,7 @@ async def _flip(conn: DraPluginConnection, tree: Path, *, up: bool) -> float:
     return time.time() - record.injected_at
 
 
-def slice_size(root: Path, builds: int) -> dict[str, Any]:
-    tree, snapshot = sixteen(root / "s")
+def slice_size(tree: Path, snapshot: Any, builds: int) -> dict[str, Any]:
     states = collect_port_states(Sysfs(tree))
     settings = draslices.SliceSettings()
     took = []
@@ -367,6 +380,89 @@ def slice_size(root: Path, builds: int) -> dict[str, Any]:
     }
 
 
+async def publish_latency(template: Any, nodes: int, rounds: int) -> dict[str, Any]:
+    """The publisher's part of a port fault: event into the fleet -> slice stored."""
+    import kmock
+    import msgspec
+
+    from tests.integration.kube.sliceapi import port_state, slices_api
+
+    names = [f"{NODE}-{i:04d}" for i in range(nodes)]
+    api = slices_api()
+    fleet, changes = Fleet(), ChangeFeed()
+    waiting: dict[str, tuple[str, asyncio.Future[float]]] = {}  # slice -> (state, when)
+    created: set[str] = set()
+    all_created = asyncio.Event()
+
+    def stored(obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        created.add(name)
+        if len(created) == nodes:
+            all_created.set()
+        wanted = waiting.get(name)
+        state_now = port_state(obj, "mlx5-0")
+        if wanted is not None and state_now == wanted[0] and not wanted[1].done():
+            wanted[1].set_result(time.perf_counter())
+
+    api.on_write = stored
+    samples: list[float] = []
+    async with api, kmock.Server(api) as server:
+        kube = await KubeClient.connect(KubeSettings(host=str(server.url)))
+        async with kube:
+            publisher = SlicePublisher(
+                PublishSettings(stale_after=1e9),
+                api=kube,
+                changes=changes.subscribe(),
+                records=fleet.view,
+                cluster_nodes=lambda: {n: f"uid-{n}" for n in names},
+                is_leader=lambda: True,
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(publisher.run(stop))
+            try:
+                now = time.time()
+                for name in names:
+                    fleet.apply_snapshot(msgspec.structs.replace(template, node=name), now)
+                    changes.publish(name, "snapshot")
+                await asyncio.wait_for(all_created.wait(), 120)  # one slice per node
+                loop = asyncio.get_running_loop()
+                down = dict.fromkeys(names, False)
+                for seq in range(1, rounds + 1):
+                    name = random.choice(names)
+                    down[name] = not down[name]
+                    new, old = ("DOWN", "ACTIVE") if down[name] else ("ACTIVE", "DOWN")
+                    event = LinkEvent(
+                        node=name, seq=seq, kind="port-state", device="mlx5_0", port=1,
+                        old_state=old, new_state=new,
+                        phys_state="Disabled" if down[name] else "LinkUp",
+                        observed_at=time.time(),
+                    )  # fmt: skip
+                    done = loop.create_future()
+                    waiting[draslices.slice_name(name, DRIVER, 0)] = (new, done)
+                    await asyncio.sleep(random.uniform(0, 0.01))  # not in lockstep with it
+                    start = time.perf_counter()
+                    fleet.apply_event(event, received_at=time.time())
+                    changes.publish(name, "event")
+                    samples.append(await asyncio.wait_for(done, 10) - start)
+            finally:
+                stop.set()
+                await task
+    return {
+        "nodes": nodes,
+        "adapters_per_node": len(template.devices),
+        "what": "port event into the fleet -> kmock stored the ResourceSlice (publisher, "
+        "KubeClient over loopback HTTP, one PUT)",
+        "fault_to_slice_ms": percentiles(samples),
+        "writes_ok": sum(
+            s.value
+            for m in publisher.metrics.writes.collect()
+            for s in m.samples
+            if s.name.endswith("_total") and s.labels["result"] == "ok"
+        ),
+        "target_p99_ms": TARGET_SLICE_P99_MS,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     # unix socket paths are limited to 107 bytes: a short base directory.
     root = Path(tempfile.mkdtemp(prefix="drb", dir="/tmp"))
@@ -374,6 +470,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         Path(tempfile.mkdtemp(prefix="drb-files", dir=args.files_dir)) if args.files_dir else root
     )
     try:
+        tree16, snapshot16 = sixteen(root / "s")  # rendering takes seconds: once for 3. and 4.
         return {
             "machine": {
                 "python": platform.python_version(),
@@ -389,7 +486,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     root / "fp", args.faults, args.poll_interval
                 ),
             },
-            "slices": slice_size(root, args.builds),
+            "slices": slice_size(tree16, snapshot16, args.builds),
+            "publish": await publish_latency(snapshot16, args.nodes, args.publishes),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -422,6 +520,13 @@ def print_report(report: dict[str, Any]) -> None:
         f"slices: {s['slices']} slice(s), {s['devices']} devices, {s['attributes']} attributes,"
         f" {s['json_bytes']} JSON bytes; build median {s['build_ms']['median']:.2f} ms"
     )
+    u = report["publish"]
+    f = u["fault_to_slice_ms"]
+    print(
+        f"publisher, {u['nodes']} nodes: port event -> ResourceSlice stored median "
+        f"{f['median']:.1f} p99 {f['p99']:.1f} ms ({f['n']} faults; target p99 "
+        f"{u['target_p99_ms']:.0f} ms)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -432,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll-interval", type=float, default=0.05, help="port poll, seconds")
     parser.add_argument("--writes", type=int, default=200, help="timed file writes per variant")
     parser.add_argument("--builds", type=int, default=200, help="timed build_slices calls")
+    parser.add_argument("--nodes", type=int, default=100, help="nodes the publisher holds")
+    parser.add_argument("--publishes", type=int, default=200, help="timed port faults, publisher")
     parser.add_argument(
         "--files-dir",
         type=Path,
@@ -441,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--smoke",
         action="store_true",
         help="seconds-long run that checks the script still works, numbers meaningless "
-        "(--calls 5 --faults 2 --poll-interval 0.05 --writes 5 --builds 2; options given win)",
+        "(--calls 5 --faults 2 --poll-interval 0.05 --writes 5 --builds 2 --nodes 3 "
+        "--publishes 6; options given win)",
     )
     args = parser.parse_args(argv)
     if args.smoke:

@@ -11,11 +11,12 @@ how unprepare (and a retry after a crash between spec and checkpoint) finds it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Final
+
+import msgspec
 
 from agent.deviceplugin.plan import (
     ADAPTER_CHAR_PREFIXES,
@@ -67,8 +68,7 @@ def claim_spec(uid: str, devices: Sequence[tuple[str, Device]]) -> dict[str, Any
         ]
     }
     cm = next(
-        (c for _, d in devices for c in d.char_devices if PurePosixPath(c).name == RDMA_CM_NAME),
-        None,
+        (c for _, d in devices for c in d.char_devices if _base_name(c) == RDMA_CM_NAME), None
     )
     if cm is not None:
         edits["deviceNodes"] = [_node(cm)]
@@ -81,9 +81,13 @@ def claim_spec(uid: str, devices: Sequence[tuple[str, Device]]) -> dict[str, Any
 
 
 def _own_char_devices(device: Device) -> list[str]:
-    return [
-        c for c in device.char_devices if PurePosixPath(c).name.startswith(ADAPTER_CHAR_PREFIXES)
-    ]
+    return [c for c in device.char_devices if _base_name(c).startswith(ADAPTER_CHAR_PREFIXES)]
+
+
+def _base_name(path: str) -> str:
+    # Prepare builds a spec per claim on the event loop: a string split, not a PurePath
+    # per char device (a tenth of a millisecond per 8-device claim otherwise).
+    return path.rpartition("/")[2]
 
 
 def _node(path: str) -> dict[str, str]:
@@ -92,7 +96,10 @@ def _node(path: str) -> dict[str, str]:
 
 def write_claim_spec(directory: Path, uid: str, spec: dict[str, Any]) -> Path:
     target = directory / spec_file_name(uid)
-    write_atomic(target, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+    # msgspec, not json.dumps: `indent` sends json.dumps to its pure-Python encoder, which
+    # costs prepare more than the write; same text (sorted keys, 2-space indent).
+    data = msgspec.json.format(msgspec.json.encode(spec, order="sorted"), indent=2)
+    write_atomic(target, data + b"\n")
     return target
 
 

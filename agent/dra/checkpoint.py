@@ -2,8 +2,8 @@
 
 Kubelet repeats NodePrepareResources after an agent restart and NodeUnprepareResources
 long after; both must answer from what was prepared then, not from today's inventory, so
-the record is written (atomically: temp file, fsync, rename) before Prepare answers.
-`write_atomic` is also how CDI specs are written.
+the record is written (atomically: temp file, fsync, rename, fsync of the directory) before
+Prepare answers. `write_atomic` is also how CDI specs are written.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     devices: tuple[PreparedDevice, ...]
     cdi_spec: str  # the spec file written for the claim (a name in the CDI dir)
+    # Agent clock when it was prepared; 0.0 in checkpoints written before it was recorded.
+    prepared_at: float = 0.0
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,7 +69,8 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so a reader sees the old or the new file, never half.
+    """Replace `path` with `data` so a reader sees the old or the new file, never half,
+    and the new one survives a crash once this returns.
 
     The temp file starts with a dot and ends in .tmp: CDI caches watching the directory
     load only *.json and *.yaml.
@@ -84,3 +87,14 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    # The rename is an entry in the directory: until the directory is synced a crash can
+    # bring back the old file (or none) although the data itself was synced.
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,6 +1,8 @@
 """DRA device health: pure, from the snapshot and the port-state poll, by the device
-plugin's rule (`agent.deviceplugin.plan.adapter_health`, never a second definition), plus
-`HealthFeed`, which wakes every open NodeWatchResources stream the moment health changes.
+plugin's rule (`agent.deviceplugin.plan.adapter_health`, never a second definition), for
+every device the node's slices publish (each share copy `<name>-s<i>` with its RDMA
+device's health), plus `HealthFeed`, which wakes every open NodeWatchResources stream the
+moment health changes.
 
 `device_health` does no I/O and reads no clock; the feed's clock is passed in.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.deviceplugin.plan import PortStates, adapter_health
 from proto.dranames import InvalidDeviceName, device_name
+from proto.draslices import SliceSettings
 from proto.inventory import NodeSnapshot
 
 
@@ -25,18 +28,34 @@ class DeviceHealth:
     reason: str | None = None  # why it is unhealthy
 
 
-def device_health(snapshot: NodeSnapshot, port_states: PortStates) -> tuple[DeviceHealth, ...]:
-    """Every RDMA device of `snapshot` that has a DRA name, sorted by that name. A device
-    whose name cannot become a DRA name is not published in a slice either: left out."""
+def device_health(
+    snapshot: NodeSnapshot, port_states: PortStates, settings: SliceSettings | None = None
+) -> tuple[DeviceHealth, ...]:
+    """Every DRA device of `snapshot`'s slices under `settings` (default: exclusive), sorted
+    by name. A device whose name cannot become a DRA name is not published in a slice
+    either: left out."""
+    copies = published_copies(settings) if settings is not None else None
     health: list[DeviceHealth] = []
     for device in snapshot.devices:
         try:
-            name = device_name(device.name)
+            if copies is None:
+                names = [device_name(device.name)]
+            else:
+                names = [device_name(device.name, i) for i in range(copies)]
         except InvalidDeviceName:
             continue
         healthy, reason = adapter_health(device, port_states)
-        health.append(DeviceHealth(name, device.name, healthy, reason))
+        health.extend(DeviceHealth(name, device.name, healthy, reason) for name in names)
     return tuple(sorted(health, key=lambda h: h.device))
+
+
+def published_copies(settings: SliceSettings) -> int | None:
+    """How many `<name>-s<i>` devices each RDMA device is published as; None: one device
+    under its own name. The rule of proto.draslices.device_entries: copies with share > 1;
+    consumable capacity shares one device."""
+    if settings.sharing == "copies" and settings.share > 1:
+        return settings.share
+    return None
 
 
 class HealthFeed:

@@ -1,11 +1,12 @@
-"""The DRA kubelet plugin's services: `ClaimPreparer` (prepare/unprepare, checkpointed)
-and the gRPC servicers of `v1.DRAPlugin` and `v1.DRAResourceHealth`.
+"""The DRA kubelet plugin's services: `ClaimPreparer` (prepare/unprepare, checkpointed),
+the gRPC servicer of `v1.DRAPlugin`, and `add_dra_services` (with the health stream's).
 
 Every claim gets its own answer: a malformed, unknown or foreign claim is an error string
 in that claim's entry, never an aborted call, and never a crashed plugin. Only a request
 that is too large as a whole is refused (RESOURCE_EXHAUSTED) before any work. Prepare is
 idempotent: a claim in the checkpoint is answered from it, not re-derived from today's
-inventory. Sockets and registration: pluginrunner.py.
+inventory. Each claim's last failure is kept (claimstatus) until it is prepared or
+unprepared. The health stream: healthstream.py; sockets and registration: pluginrunner.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,15 +38,14 @@ from agent.dra.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from agent.dra.health import DeviceHealth, HealthFeed
+from agent.dra.claimstatus import FailedPrepares
+from agent.dra.healthstream import DraHealthServicer, DraHealthV1alpha1Servicer
 from agent.dra.pluginclaims import AllocatedDevice, ClaimRef, ClaimSource
 from agent.errors import AgentError
 from proto.dra import (
     api_pb2,
     api_pb2_grpc,
-    health_pb2,
     health_pb2_grpc,
-    healthv1alpha1_pb2,
     healthv1alpha1_pb2_grpc,
 )
 from proto.dranames import DRIVER, InvalidDeviceName, rdma_device_of
@@ -71,6 +72,7 @@ class ClaimPreparer:
     `devices()` is the agent's current inventory by RDMA device name. A checkpoint that
     cannot be read is moved aside (`.corrupt`) and the plugin starts empty, so it keeps
     serving; the claims in it are then prepared again on the kubelet's next call.
+    `on_change` is called whenever the prepared set or the failures change.
     """
 
     def __init__(
@@ -82,6 +84,8 @@ class ClaimPreparer:
         checkpoint_path: Path,
         devices: Callable[[], Mapping[str, Device]],
         source_timeout: float = SOURCE_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._node = node
         self._source = source
@@ -89,6 +93,9 @@ class ClaimPreparer:
         self._path = checkpoint_path
         self._devices = devices
         self._timeout = source_timeout
+        self._clock = clock
+        self._on_change = on_change
+        self.failures = FailedPrepares()
         self._lock = asyncio.Lock()  # one claim at a time: the checkpoint is one file
         try:
             self._checkpoint = load_checkpoint(checkpoint_path)
@@ -105,6 +112,24 @@ class ClaimPreparer:
         return self._checkpoint.claims
 
     async def prepare(self, claim: ClaimRef) -> Prepared:
+        before = self._checkpoint  # replaced, never mutated: a new one is a new claim
+        try:
+            prepared = await self._prepare(claim)
+        except Exception as exc:
+            self._failed(claim, f"internal error: {type(exc).__name__}: {exc}")
+            raise
+        if prepared.error:
+            self._failed(claim, prepared.error)
+        elif self.failures.clear(claim.uid) or self._checkpoint is not before:
+            self._on_change()
+        return prepared
+
+    def _failed(self, claim: ClaimRef, error: str) -> None:
+        if valid_uid(claim.uid):  # anything else names no claim: not worth reporting
+            self.failures.record(claim, error, at=self._clock())
+            self._on_change()
+
+    async def _prepare(self, claim: ClaimRef) -> Prepared:
         problem = _claim_problem(claim)
         if problem is not None:
             return Prepared(error=problem)
@@ -184,11 +209,15 @@ class ClaimPreparer:
             name=claim.name,
             devices=tuple(p for p, _ in planned),
             cdi_spec=spec_file_name(claim.uid),
+            prepared_at=self._clock(),
         )
         claims = {**self._checkpoint.claims, claim.uid: record}
         try:
             # The spec first: a crash before the checkpoint leaves a file named after the
             # UID, which the kubelet's unprepare (it always follows) removes.
+            # Prepare's only thread hand-off: both files in one. Not on the event loop:
+            # four fsyncs (file and directory, twice) can take milliseconds on a busy
+            # disk, and the loop meanwhile serves the health stream and the port poll.
             await asyncio.to_thread(self._write, claim.uid, spec, claims)
         except OSError as exc:
             return Prepared(error=f"claim {claim.uid}: cannot write: {exc}")
@@ -208,18 +237,22 @@ class ClaimPreparer:
             held = self._checkpoint.claims.get(claim.uid)
             file_name = held.cdi_spec if held is not None else spec_file_name(claim.uid)
             claims = {u: c for u, c in self._checkpoint.claims.items() if u != claim.uid}
+            saved = replace(self._checkpoint, claims=claims) if held is not None else None
             try:
-                await asyncio.to_thread(remove_claim_spec, self._cdi_dir, file_name)
-                if held is not None:
-                    await asyncio.to_thread(
-                        save_checkpoint, self._path, replace(self._checkpoint, claims=claims)
-                    )
+                await asyncio.to_thread(self._remove, file_name, saved)  # one hop, as prepare
             except OSError as exc:
                 return f"claim {claim.uid}: cannot remove: {exc}"
             self._checkpoint = replace(self._checkpoint, claims=claims)
+        if self.failures.clear(claim.uid) or held is not None:
+            self._on_change()
         if held is not None:
             log.info("unprepared %s/%s", claim.namespace, claim.name)
         return ""
+
+    def _remove(self, file_name: str, checkpoint: Checkpoint | None) -> None:
+        remove_claim_spec(self._cdi_dir, file_name)
+        if checkpoint is not None:
+            save_checkpoint(self._path, checkpoint)
 
 
 def _cdi_name(device: str, share_id: str | None) -> str:
@@ -296,67 +329,6 @@ async def _check_size(context: Any, count: int, what: str) -> None:
         await context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: {count} claims (at most {MAX_CLAIMS})"
         )
-
-
-class DraHealthServicer:
-    """v1.DRAResourceHealth: every device's health, on every change of any of them."""
-
-    def __init__(
-        self,
-        feed: HealthFeed,
-        *,
-        pool: str,
-        clock: Callable[[], float],
-        timeout_seconds: int,
-    ) -> None:
-        self._feed = feed
-        self._pool = pool
-        self._clock = clock
-        self._timeout = timeout_seconds
-
-    async def NodeWatchResources(
-        self, request: health_pb2.NodeWatchResourcesRequest, context: Any
-    ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
-        async for health in self._feed.watch():
-            yield health_response(
-                health, pool=self._pool, now=int(self._clock()), timeout_seconds=self._timeout
-            )
-
-
-def health_response(
-    health: tuple[DeviceHealth, ...], *, pool: str, now: int, timeout_seconds: int
-) -> health_pb2.NodeWatchResourcesResponse:
-    return health_pb2.NodeWatchResourcesResponse(
-        devices=[
-            health_pb2.DeviceHealth(
-                device=health_pb2.DeviceIdentifier(pool_name=pool, device_name=h.device),
-                health=health_pb2.HEALTHY if h.healthy else health_pb2.UNHEALTHY,
-                last_updated_time=now,
-                health_check_timeout_seconds=timeout_seconds,
-                message=h.reason or "",
-            )
-            for h in health
-        ]
-    )
-
-
-class DraHealthV1alpha1Servicer:
-    """`v1alpha1.DRAResourceHealth`: the same stream under the older package, for kubelets
-    that predate the v1 API. The messages are identical field for field, so each v1 message
-    is re-read as its v1alpha1 twin from its own bytes."""
-
-    def __init__(self, v1: DraHealthServicer) -> None:
-        self._v1 = v1
-
-    async def NodeWatchResources(
-        self, request: healthv1alpha1_pb2.NodeWatchResourcesRequest, context: Any
-    ) -> AsyncIterator[healthv1alpha1_pb2.NodeWatchResourcesResponse]:
-        async for message in self._v1.NodeWatchResources(
-            health_pb2.NodeWatchResourcesRequest(), context
-        ):
-            yield healthv1alpha1_pb2.NodeWatchResourcesResponse.FromString(
-                message.SerializeToString()
-            )
 
 
 def add_dra_services(plugin: DraPluginServicer, health: DraHealthServicer) -> Callable[[Any], None]:

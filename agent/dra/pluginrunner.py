@@ -5,6 +5,7 @@ Conventions as upstream's kubeletplugin helper: `<plugins dir>/<driver>/dra.sock
 `<plugins_registry>/<driver>-reg.sock`, PluginInfo type "DRAPlugin" named after the
 driver. A socket that disappears (a kubelet restart wipes them) is served again at once;
 serving failures retry with the device plugin's bounded backoff, visible in `state`.
+`status()` is what the agent publishes (DevicePluginStatus.dra); `on_change` says when.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from typing import Any, Final, Literal
 from agent.deviceplugin.plan import PortStates
 from agent.deviceplugin.registration import Backoff
 from agent.deviceplugin.sockets import ServeError, socket_id, start_unix_server
+from agent.dra.claimstatus import plugin_status
 from agent.dra.health import HealthFeed, device_health
-from agent.dra.plugin import ClaimPreparer, DraHealthServicer, DraPluginServicer, add_dra_services
+from agent.dra.healthstream import DraHealthServicer
+from agent.dra.plugin import ClaimPreparer, DraPluginServicer, add_dra_services
 from agent.dra.pluginclaims import ClaimDirectory, ClaimSource
 from proto.deviceplugin import pluginregistration_pb2, pluginregistration_pb2_grpc
 from proto.dranames import DRIVER
+from proto.draslices import SliceSettings
 from proto.inventory import Device, NodeSnapshot
+from proto.messages.status import DraPluginStatus
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,9 @@ class DraSettings:
     resend_interval: float = 10.0  # health re-sent this often without a change
     health_timeout_seconds: int = 30  # told to the kubelet: Unknown after this silence
     backoff: Backoff = field(default_factory=Backoff)
+    # How the node's devices are published (`run --dra-share/--dra-consumable/--dra-rail`):
+    # reported in the status for the aggregator's slices; share copies get health too.
+    slices: SliceSettings = field(default_factory=SliceSettings)
 
     @property
     def endpoint(self) -> Path:
@@ -92,7 +100,9 @@ class DraRegistrationServicer:
 
 
 class DraPlugin:
-    """The node's DRA plugin: `update` with every snapshot and port poll, `run` until stop."""
+    """The node's DRA plugin: `update` with every snapshot and port poll, `run` until stop.
+    `on_change` is called when what `status()` reports changes: the state, the prepared
+    claims, the failures or the devices' health."""
 
     def __init__(
         self,
@@ -101,6 +111,7 @@ class DraPlugin:
         node: str,
         source: ClaimSource | None = None,
         clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.node = node
@@ -114,14 +125,29 @@ class DraPlugin:
             cdi_dir=settings.cdi_dir,
             checkpoint_path=settings.checkpoint,
             devices=lambda: self._inventory,
+            clock=clock,
+            on_change=on_change,
         )
+        self._on_change = on_change
         self._clock = clock
         self._wake = asyncio.Event()
 
     def update(self, snapshot: NodeSnapshot, port_states: PortStates) -> None:
         """New inventory and/or port states: health reaches open streams at once."""
         self._inventory = {d.name: d for d in snapshot.devices}
-        self.health.publish(device_health(snapshot, port_states))
+        if self.health.publish(device_health(snapshot, port_states, self.settings.slices)):
+            self._on_change()
+
+    def status(self) -> DraPluginStatus:
+        return plugin_status(
+            state=self.state,
+            error=self.error,
+            endpoint=str(self.settings.endpoint),
+            slices=self.settings.slices,
+            prepared=self.preparer.prepared,
+            failed=self.preparer.failures.newest_first(),
+            health=self.health.health,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -154,6 +180,7 @@ class DraPlugin:
     def _set(self, state: DraState, error: str | None = None) -> None:
         if (state, error) != (self.state, self.error):
             self.state, self.error = state, error
+            self._on_change()
             level = logging.WARNING if error else logging.INFO
             log.log(level, "DRA plugin: %s%s", state, f" ({error})" if error else "")
 

@@ -269,11 +269,14 @@ class KubeletEmulator:
 
         return await asyncio.wait_for(wait(), timeout)
 
-    async def _register_watched(self, path: Path) -> None:
+    async def _register_watched(self, path: Path) -> bool:
         done = await pluginwatch.register(path, "DevicePlugin", self._decide_watched)
+        if isinstance(done, pluginwatch.Unanswered):
+            return False
         if done is not None:
             info, ok, error = done
             self.notifications.append((info.name, ok, error))
+        return True
 
     async def _decide_watched(self, info: pluginregistration_pb2.PluginInfo) -> tuple[bool, str]:
         self.watcher_infos.append(info)

@@ -176,11 +176,14 @@ class DraKubeletEmulator:
 
         return await asyncio.wait_for(wait(), timeout)
 
-    async def _register(self, path: Path) -> None:
+    async def _register(self, path: Path) -> bool:
         done = await pluginwatch.register(path, DRA_TYPE, self._decide)
+        if isinstance(done, pluginwatch.Unanswered):
+            return False
         if done is not None:
             info, ok, error = done
             self.notifications.append((info.name, ok, error))
+        return True
 
     async def _decide(self, info: pluginregistration_pb2.PluginInfo) -> tuple[bool, str]:
         self.infos.append(info)

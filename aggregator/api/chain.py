@@ -10,6 +10,7 @@ and policies (callables, so live sources can be passed) and the injected clock.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Final
@@ -119,7 +120,11 @@ def add_chain_routes(
         if len(name) > MAX_POD_NAME_LENGTH or not _POD_NAME.fullmatch(name):
             raise BadParameter("name", f"name must be a pod name (DNS subdomain), got {name!r}")
         try:
-            result = trace_pod(
+            # In a worker thread: a pending claim's explanation evaluates CEL over every
+            # listed device (aggregator.trace.draalloc), which must not stall the loop that
+            # serves agents and other requests. The inputs are immutable views.
+            result = await asyncio.to_thread(
+                trace_pod,
                 namespace,
                 name,
                 fleet=fleet.view(),

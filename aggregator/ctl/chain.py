@@ -70,7 +70,9 @@ class _ChainClient(AggregatorClient):
     "--pod",
     metavar="NS/NAME",
     help="Trace this pod's own chain instead: its node (or why it is not scheduled), the "
-    "resources it requests and each one's chain there. Takes no NODE or RESOURCE.",
+    "resources it requests and each one's chain there, and each DRA claim's chain (claim, "
+    "slice published, device healthy, claim allocated, prepared, pod). Takes no NODE or "
+    "RESOURCE.",
 )
 @output_option(
     "table", "wide", "json", help="The chain (wide: with every link's evidence), or the API's JSON."
@@ -159,7 +161,9 @@ def _render_trace(console: Console, result: Trace, *, wide: bool) -> None:
         verdict = Text("broken at the node's components", style="bold red")
     else:
         verdict = Text(f"broken at link {result.first_broken} ({_first(result)})", style="bold red")
-    console.print(Text.assemble(f"{result.resource} on {result.node}: ", verdict))
+    # A pending pod's claim chain has no node yet ("").
+    where = f" on {result.node}" if result.node else ""
+    console.print(Text.assemble(f"{result.resource}{where}: ", verdict))
     if result.components is not None:
         _render_link(console, result.components, label="components", wide=wide)
     width = max((len(link.name) for link in result.links), default=0)
@@ -201,11 +205,13 @@ def _print_cause(console: Console, link: Link, *, strong: bool) -> None:
 def _render_pod_trace(console: Console, result: PodTrace, *, wide: bool) -> None:
     where = f"on {result.node}" if result.node is not None else "not scheduled"
     requests = ", ".join(f"{r}={n}" for r, n in sorted(result.requests.items())) or "no resource"
+    claims = [c.resource.removeprefix("claim/") for c in result.claims]
+    claimed = f", claims {', '.join(claims)}" if claims else ""
     verdict = Text("ok", style="green") if result.ok else Text("broken", style="bold red")
     console.print(
         Text.assemble(
             f"pod {result.namespace}/{result.name} {where} ({result.phase or '?'}), "
-            f"requests {requests}: ",
+            f"requests {requests}{claimed}: ",
             verdict,
         )
     )
@@ -214,7 +220,7 @@ def _render_pod_trace(console: Console, result: PodTrace, *, wide: bool) -> None
         console.print(Text(f" - no RDMA chain: {result.no_chain}", style="yellow"))
     for resource, why in sorted(result.untraced.items()):
         console.print(Text(f" - {resource} not traced: {why}", style="dim"))
-    for item in result.traces:
+    for item in (*result.traces, *result.claims):  # a DRA claim's chain reads the same
         console.print()
         _render_trace(console, item, wide=wide)
 

@@ -1,7 +1,7 @@
 """`nicfleetctl demo`: a whole fleet on this machine — embedded NATS, the aggregator, lab
-kubelets, four lab agents with their device plugins and lab traffic on their ports, as
-separate processes — then a port-down fault, how fast it arrived and the resource chain it
-broke.
+kubelets, four lab agents with their device and DRA plugins and lab traffic on their
+ports, as separate processes — then a port-down fault, how fast it arrived, the resource
+chain it broke and the DRA device it took out of the node's ResourceSlice.
 
 Talks to the agent and aggregator only as a user would: their command lines and the
 HTTP API. Every process it starts is stopped (and waited for) before it returns.
@@ -30,6 +30,16 @@ from aggregator.ctl.demochain import (
     resources_view,
     trace_view,
 )
+from aggregator.ctl.demodra import (
+    DRA_STATE,
+    SLICE_COLUMNS,
+    dra_registered,
+    kubelet_unhealthy,
+    port_state,
+    registry_dir,
+    row_cells,
+    slice_rows,
+)
 from aggregator.ctl.demofleet import (
     DEMO_NODES,
     FAULT_DEVICE,
@@ -42,7 +52,8 @@ from aggregator.ctl.demofleet import (
     running_fleet,
     wait_for,
 )
-from aggregator.ctl.render import console_for, render_node, render_nodes
+from aggregator.ctl.render import console_for, plain_table, render_node, render_nodes
+from proto.dranames import device_name
 from proto.runtime.cliopts import output_option
 
 # The agents' default counter interval is 1 s; 10% of a 200G port is 2.5 GB/s each way.
@@ -98,6 +109,18 @@ def run_demo(
         if not quiet:
             _show(console, fleet, "resources")
 
+        status("waiting for every DRA plugin to register with its lab kubelet")
+        wait_for(
+            "the DRA plugins to register",
+            lambda: True if all(dra_registered(_dra_state(fleet, n)) for n in names) else None,
+            fleet,
+            30,
+        )
+        slices_before = slice_rows(_get(client, "/api/v1/dra/slices"), FAULT_NODE)
+        unhealthy_before = kubelet_unhealthy(_dra_state(fleet, FAULT_NODE))
+        if not quiet:
+            _show_slices(console, slices_before)
+
         status(f"injecting fault: port {FAULT_DEVICE}/{FAULT_PORT} DOWN on {FAULT_NODE}")
         fault = run_json(["-m", "agent", "lab", "fault", "port-down", "--root",
                            str(workdir / FAULT_NODE), "--device", FAULT_DEVICE,
@@ -132,6 +155,17 @@ def run_demo(
         kubelets = {
             FAULT_NODE: wait_for("the lab kubelet to see the fault", kubelet_saw_it, fleet, 30)
         }
+        dra_device = device_name(FAULT_DEVICE)
+
+        def dra_saw_it() -> tuple[list[dict[str, str]], list[str]] | None:
+            rows = slice_rows(_get(client, "/api/v1/dra/slices"), FAULT_NODE)
+            unhealthy = kubelet_unhealthy(_dra_state(fleet, FAULT_NODE))
+            down = port_state(rows, dra_device) == "DOWN" and dra_device in unhealthy
+            return (rows, unhealthy) if down else None
+
+        slices_after, dra_unhealthy = wait_for(
+            "the DRA side to see the fault", dra_saw_it, fleet, 30
+        )
         traces = {f"{FAULT_NODE} {name}": trace_view(_trace(client, name)) for name in TRACED}
         resources = resources_view(_get(client, "/api/v1/resources"))
         events = list(detail["events"])
@@ -154,6 +188,14 @@ def run_demo(
                     f"{n} {v['allocatable']}/{v['capacity']} allocatable"
                     for n, v in kubelets[FAULT_NODE].items()
                 )
+            )
+            already = [d for d in unhealthy_before if d != dra_device]
+            console.print(
+                f"DRA on {FAULT_NODE}: {dra_device} reads portState "
+                f"{port_state(slices_after, dra_device)} in GET /api/v1/dra/slices (the "
+                "ResourceSlice the aggregator publishes with --dra-publish); the lab kubelet's "
+                f"DRA health stream calls it Unhealthy"
+                + (f" (already before the fault: {', '.join(already)})" if already else "")
             )
         if serve:
             console.print(
@@ -187,6 +229,14 @@ def run_demo(
         "resources": resources,
         "traces": traces,
         "lab_kubelets": kubelets,
+        "dra": {
+            "node": FAULT_NODE,
+            "device": dra_device,
+            "slices_before": slices_before,
+            "slices_after": slices_after,
+            "kubelet_unhealthy_before": unhealthy_before,
+            "kubelet_unhealthy": dra_unhealthy,
+        },
         "socket_dir": str(fleet.socket_dir),
     }
 
@@ -198,6 +248,27 @@ def _trace(client: httpx.Client, resource: str) -> dict[str, Any]:
     if doc is None:
         raise DemoError(f"GET /api/v1/trace of {resource} on {FAULT_NODE} failed")
     return doc
+
+
+def _dra_state(fleet: Fleet, node: str) -> dict[str, Any] | None:
+    """The lab kubelet's DRA state file of `node` (None until written, or mid-replace)."""
+    path = registry_dir(fleet.kubelet_dir(node)) / DRA_STATE
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc
+
+
+def _show_slices(console: Console, rows: list[dict[str, str]]) -> None:
+    console.print(
+        f"\n[bold]DRA: the ResourceSlice of {FAULT_NODE} (GET /api/v1/dra/slices, "
+        "driver rdma.nicfleet.io)[/]"
+    )
+    table = plain_table(SLICE_COLUMNS)
+    for row in rows:
+        table.add_row(*row_cells(row))
+    console.print(table)
 
 
 def _show(console: Console, fleet: Fleet, *args: str) -> None:

@@ -1,5 +1,5 @@
 """The demo's processes: lab trees rendered, NATS keys made, the aggregator, the lab
-kubelets, the agents (with their device plugins) and the lab traffic started as a user
+kubelets, the agents (with their device and DRA plugins) and the lab traffic started as a user
 would start them, and every one of them stopped and waited for; the kubelet socket dir
 removed. Each child is also told to stop when the demo dies without stopping it (SIGKILL):
 Linux's parent-death signal, so no agent or aggregator outlives a killed demo.
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import click
 
 from aggregator.ctl.demochain import plugin_config
+from aggregator.ctl.demodra import DRA_STATE, agent_dra_args, registry_dir
 from aggregator.errors import AggregatorError
 
 # (node name, built-in lab spec): distinct specs, so no two nodes share GUIDs or MACs.
@@ -180,18 +181,27 @@ def running_fleet(
         fleet.api_url, fleet.nats_url = doc["api_url"], doc["nats_url"]
         # No Kubernetes here: one lab kubelet per node (one process serving all four dirs)
         # takes the device plugins' registrations and follows their device lists.
-        status("starting lab kubelets (device-plugin registration, one per node)")
+        status("starting lab kubelets (device-plugin and DRA registration, one per node)")
         fleet.socket_dir = Path(tempfile.mkdtemp(prefix="nf-", dir="/tmp"))
         dirs = [arg for node, _ in DEMO_NODES for arg in ("--dir", str(fleet.kubelet_dir(node)))]
+        dirs += [
+            arg
+            for node, _ in DEMO_NODES
+            for arg in ("--dra-registry", str(registry_dir(fleet.kubelet_dir(node))))
+        ]
         fleet.spawn("kubelet", ["-m", "agent", "lab", "kubelet", *dirs])
 
         def kubelets_up() -> bool | None:
-            up = all((fleet.kubelet_dir(n) / KUBELET_STATE).exists() for n, _ in DEMO_NODES)
+            up = all(
+                (fleet.kubelet_dir(n) / KUBELET_STATE).exists()
+                and (registry_dir(fleet.kubelet_dir(n)) / DRA_STATE).exists()
+                for n, _ in DEMO_NODES
+            )
             return True if up else None
 
         wait_for("the lab kubelets", kubelets_up, fleet, 30)
         for node, _ in DEMO_NODES:
-            status(f"starting agent {node} with its device plugin")
+            status(f"starting agent {node} with its device and DRA plugins")
             config = workdir / f"{node}.device-plugin.json"
             config.write_text(json.dumps(plugin_config(node), indent=2) + "\n")
             fleet.spawn(f"agent-{node}", ["-m", "agent", "run", "--nats-url", fleet.nats_url,
@@ -204,7 +214,9 @@ def running_fleet(
                                           "--inventory-interval", str(INVENTORY_INTERVAL_S),
                                           "--device-plugin-dir", str(fleet.kubelet_dir(node)),
                                           "--plugins-registry-dir",
-                                          str(fleet.kubelet_dir(node) / "plugins_registry"),
+                                          str(registry_dir(fleet.kubelet_dir(node))),
+                                          *agent_dra_args(fleet.kubelet_dir(node),
+                                                          workdir / f"{node}.dra"),
                                           ])  # fmt: skip
         if traffic_load > 0:
             status(f"starting lab traffic ({traffic_load:.0%} of each active port's rate)")

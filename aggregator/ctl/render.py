@@ -166,7 +166,8 @@ def render_node(
                 gpus.add_row(gpu.pci_address, _opt(gpu.numa_node), gpu.device_id or NONE)
             console.print(gpus)
     plugin = view.device_plugin
-    if plugin is not None:
+    # An agent running only the DRA plugin reports no resources: no device-plugin lines.
+    if plugin is not None and (plugin.resources or plugin.dra is None):
         console.print()
         registered = "registered" if plugin.registered else "NOT registered"
         console.print(
@@ -176,6 +177,15 @@ def render_node(
         for res in plugin.resources:
             resources.add_row(res.name, str(res.advertised), str(res.healthy), _join(res.devices))
         console.print(resources)
+    if plugin is not None and plugin.dra is not None:
+        dra = plugin.dra
+        console.print()
+        console.print(
+            Text(
+                f"DRA plugin: {dra.state}, {len(dra.prepared)} claims prepared, "
+                f"{len(dra.failed)} failed"
+            )
+        )
     events = view.events if wide else view.events[-RECENT_EVENTS:]
     console.print()
     if not events:

@@ -59,7 +59,7 @@ def record_from_object(obj: Any) -> ClaimRecord | None:
         name=name,
         uid=uid,
         results=results,
-        selector_nodes=_selector_nodes(_get(allocation, "nodeSelector")),
+        selector_nodes=pinned_nodes(_get(allocation, "nodeSelector")),
     )
 
 
@@ -154,7 +154,7 @@ def _result(raw: Any) -> DraAllocatedDevice | None:
     )
 
 
-def _selector_nodes(selector: Any) -> frozenset[str] | None:
+def pinned_nodes(selector: Any) -> frozenset[str] | None:
     """The node names a NodeSelector pins by `metadata.name In [...]` (what the scheduler
     writes for node-local devices); None when no term pins names (any node may match)."""
     terms = _get(selector, "nodeSelectorTerms")

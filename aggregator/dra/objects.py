@@ -258,8 +258,9 @@ def _attribute(value: object, where: str) -> AttributeValue:
     raise InvalidObject(where, "needs one of bool, int, string, version")
 
 
-def parse_slice(doc: object, where: str = "slice") -> list[Device]:
-    """The devices of one ResourceSlice; a slice not bound to one node has none here."""
+def parse_slice(doc: object, where: str = "slice", *, any_node: bool = False) -> list[Device]:
+    """The devices of one ResourceSlice; a slice not bound to one node has none here
+    (with `any_node`, its devices with node "": the cluster view keeps every slice)."""
     body = _map(doc, where)
     if body.get("kind") != "ResourceSlice":
         raise InvalidObject(f"{where}.kind", f"{body.get('kind')!r} is not ResourceSlice")
@@ -267,9 +268,9 @@ def parse_slice(doc: object, where: str = "slice") -> list[Device]:
     driver = _str(spec.get("driver"), f"{where}.spec.driver")
     pool = _str(_map(spec.get("pool"), f"{where}.spec.pool").get("name"), f"{where}.spec.pool.name")
     node = spec.get("nodeName")
-    if node is None:
+    if node is None and not any_node:
         return []  # allNodes / nodeSelector pools are not one node's devices
-    node = _str(node, f"{where}.spec.nodeName")
+    node = "" if node is None else _str(node, f"{where}.spec.nodeName")
     devices = []
     for i, item in enumerate(
         _list(spec.get("devices"), f"{where}.spec.devices", MAX_DEVICES_PER_SLICE)

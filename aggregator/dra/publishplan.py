@@ -1,8 +1,10 @@
 """What to write so the API server holds each node's rdma.nicfleet.io ResourceSlices: the
 desired pools (proto.draslices.build_slices) diffed against the observed slices into
-create, update (with the observed resourceVersion) and delete actions.
+create, update (with the observed resourceVersion) and delete actions. Each pool is built
+with its node's own slice settings (sharing, rails) and owned by its Node object
+(`metadata.ownerReferences`, so the garbage collector removes the slices of a deleted Node).
 
-Pure: no I/O, no clock (staleness is the caller's verdict). Only slices with
+Pure: no I/O, no clock (staleness and the Node's uid are the caller's). Only slices with
 `spec.driver == rdma.nicfleet.io` whose pool is named after their `spec.nodeName` are
 ever planned over; any other slice, even one in a pool of the same name, is invisible here.
 """
@@ -27,10 +29,14 @@ _SERVER_FIELDS: Final = ("managedFields",)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSource:
     """One node as the fleet holds it: its latest snapshot (link events already patched
-    in by the fleet) and whether it went quiet past the policy's staleAfter."""
+    in by the fleet), whether it went quiet past the policy's staleAfter, the slice
+    settings its agent asked for (None: the plan's) and its Node object's uid (None: not
+    known, so no owner reference is written — never a wrong one)."""
 
     snapshot: NodeSnapshot
     stale: bool = False
+    settings: SliceSettings | None = None
+    node_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,19 @@ class Delete:
 
 
 Action = Create | Update | Delete
+
+
+def owner_reference(node: str, uid: str) -> dict[str, Any]:
+    """The slice's controller reference to its Node, as upstream's resourceslice
+    controller writes it (no blockOwnerDeletion: that would need delete on nodes)."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+
+def pool_of(obj: Mapping[str, Any]) -> str | None:
+    """The pool a slice (or a planned body) belongs to."""
+    pool = (obj.get("spec") or {}).get("pool")
+    name = pool.get("name") if isinstance(pool, Mapping) else None
+    return name if isinstance(name, str) else None
 
 
 def owned(obj: Mapping[str, Any], driver: str = dranames.DRIVER) -> bool:
@@ -125,24 +144,24 @@ def plan_pool(
     object is `gone`; then they are deleted. The pool's generation is the highest observed
     one, bumped when the device set changes, a slice is added or removed, or more than
     one slice changes — a single slice replaced in one call is never seen half-done, so
-    an attribute change (a port going down) keeps it. A bump rewrites every slice."""
+    an attribute change (a port going down) keeps it. A bump rewrites every slice. A
+    slice whose owner reference to the Node is missing or names another uid is replaced
+    too, without a bump (the devices are unchanged)."""
     if source is None or gone:
         return [Delete(_name(o), _version(o)) for o in observed] if gone else []
     states = stale_states(source.snapshot) if source.stale else {}
     current = max((_generation(o) for o in observed), default=0)
-    desired = build_slices(source.snapshot, states, settings)
+    desired = build_slices(source.snapshot, states, source.settings or settings)
     by_name = {_name(o): o for o in observed}
     wanted = {_name(d) for d in desired}
     obsolete = [o for o in observed if _name(o) not in wanted]
     new = [d for d in desired if _name(d) not in by_name]
-    changed = [
-        d
-        for d in desired
-        if _name(d) in by_name
-        and (
-            _content(by_name[_name(d)]) != _content(d) or _generation(by_name[_name(d)]) != current
-        )
-    ]
+    kept = [d for d in desired if _name(d) in by_name]
+    changed = {
+        _name(d)
+        for d in kept
+        if _content(by_name[_name(d)]) != _content(d) or _generation(by_name[_name(d)]) != current
+    }
     bump = (
         current == 0
         or bool(obsolete)
@@ -151,12 +170,15 @@ def plan_pool(
         or _device_names(observed) != _device_names(desired)
     )
     generation = max(current + 1, settings.generation) if bump else current
-    rewrite = [d for d in desired if _name(d) in by_name] if bump else changed
     actions: list[Action] = [Delete(_name(o), _version(o)) for o in obsolete]
-    for body in rewrite:
+    for body in kept:
         old = by_name[_name(body)]
-        actions.append(Update(_name(body), _version(old), _with(body, generation, _metadata(old))))
-    actions.extend(Create(_with(d, generation, d["metadata"])) for d in new)
+        metadata = _metadata(old, node, source.node_uid)
+        if bump or _name(body) in changed or metadata != _metadata(old, node, None):
+            actions.append(Update(_name(body), _version(old), _with(body, generation, metadata)))
+    for body in new:
+        metadata = _metadata(body, node, source.node_uid)
+        actions.append(Create(_with(body, generation, metadata)))
     return actions
 
 
@@ -166,10 +188,24 @@ def _with(body: Mapping[str, Any], generation: int, metadata: Mapping[str, Any])
     return {**body, "metadata": dict(metadata), "spec": spec}
 
 
-def _metadata(old: Mapping[str, Any]) -> dict[str, Any]:
-    # Keep what others set (labels, ownerReferences) and the version the PUT is guarded by.
-    meta = old.get("metadata") or {}
-    return {k: v for k, v in meta.items() if k not in _SERVER_FIELDS}
+def _metadata(old: Mapping[str, Any], node: str, uid: str | None) -> dict[str, Any]:
+    """`old`'s metadata to write back: what others set (labels, their owner references)
+    and the version the PUT is guarded by kept; with `uid`, the Node reference set to
+    exactly that Node (any other Node reference dropped), without one left as found."""
+    meta = {k: v for k, v in (old.get("metadata") or {}).items() if k not in _SERVER_FIELDS}
+    if uid is None:
+        return meta
+    found = meta.get("ownerReferences")
+    refs = list(found) if isinstance(found, list) else []
+    ours = owner_reference(node, uid)
+    # In place of the first Node reference, so an unchanged list compares equal.
+    at = next((i for i, r in enumerate(refs) if _is_node(r)), len(refs))
+    meta["ownerReferences"] = [*refs[:at], ours, *(r for r in refs[at:] if not _is_node(r))]
+    return meta
+
+
+def _is_node(ref: Any) -> bool:
+    return isinstance(ref, Mapping) and ref.get("kind") == "Node" and ref.get("apiVersion") == "v1"
 
 
 def _content(obj: Mapping[str, Any]) -> tuple[Any, ...]:

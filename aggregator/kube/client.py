@@ -2,10 +2,11 @@
 (`kubernetes.aio` in kubernetes 37.0.2); the only module importing `kubernetes`. Owns
 connecting, list/watch of policies, nodes, pods, NADs and IP pools, the read-only lists
 behind the trace's scheduling and components links (FailedScheduling Events, DaemonSets,
-the NicClusterPolicy's status), the few writes
-(policy status, Events, `nicfleet.io/*` labels, the leader Lease, pair-validation Pods),
-TokenReviews of API bearer tokens, and turning client errors into KubeErrors. The bodies
-it sends and the decoding of the answers are pure, in payloads.py; every call stays here.
+the NicClusterPolicy's status), every driver's DRA claims, slices and device classes
+(read only), the few writes (policy status, Events, `nicfleet.io/*` labels, the leader
+Lease, pair-validation Pods, rdma.nicfleet.io ResourceSlices), TokenReviews of API bearer
+tokens, and turning client errors into KubeErrors. The bodies it sends and the decoding
+of the answers are pure, in payloads.py; every call stays here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import aiohttp
 
 from aggregator.cluster import (
     DaemonSetState,
+    DraClaim,
+    DraDevice,
+    DraDeviceClass,
     HeldAddresses,
     IpPool,
     NetworkAttachment,
@@ -31,7 +35,7 @@ from aggregator.cluster import (
     SchedulingEvent,
 )
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
-from aggregator.kube import payloads
+from aggregator.kube import draobjects, payloads
 from aggregator.kube.networks import held_addresses_from_object, ip_pool_from_object
 from aggregator.kube.objects import (
     LeaseRecord,
@@ -62,8 +66,10 @@ WHEREABOUTS_IPPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "ippools")
 WHEREABOUTS_NODESLICEPOOLS = ("whereabouts.cni.cncf.io", "v1alpha1", "nodeslicepools")
 NIC_CLUSTER_POLICY = ("mellanox.com", "v1alpha1", "nicclusterpolicies", "nic-cluster-policy")
 RESOURCE_CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")  # DRA (aggregator.dra.claims)
-# DRA ResourceSlices the aggregator publishes (aggregator.dra.publisher); only its driver's.
+# DRA ResourceSlices: the aggregator publishes its driver's (aggregator.dra.publisher) and
+# reads every driver's into the cluster view (the trace, the DRA rules).
 RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
+DEVICE_CLASSES = ("resource.k8s.io", "v1", "deviceclasses")  # the cluster view, read only
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 
@@ -466,6 +472,32 @@ class KubeClient:
             *RESOURCE_CLAIMS,
             resource_version=resource_version,
         )
+
+    async def list_dra_claims(self) -> tuple[DraClaim, ...]:
+        """Every ResourceClaim (all namespaces, every driver) as the cluster view keeps it."""
+        return draobjects.claims_from((await self.list_resource_claims()).items)
+
+    # --- DRA ResourceSlices and DeviceClasses of every driver (the cluster view) ----------
+
+    async def list_dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices of every ResourceSlice, every driver's (no field selector: a GPU
+        driver's devices are half of a GPU + NIC claim)."""
+        raw = await self._json(
+            "list ResourceSlices",
+            self._custom.list_cluster_custom_object_without_preload_content(
+                *RESOURCE_SLICES, **self._timeout()
+            ),
+        )
+        return draobjects.devices_from(listing_from(raw).items)
+
+    async def list_device_classes(self) -> tuple[DraDeviceClass, ...]:
+        raw = await self._json(
+            "list DeviceClasses",
+            self._custom.list_cluster_custom_object_without_preload_content(
+                *DEVICE_CLASSES, **self._timeout()
+            ),
+        )
+        return draobjects.classes_from(listing_from(raw).items)
 
     # --- DRA ResourceSlices (aggregator.dra.publisher; rdma.nicfleet.io only) ------------
 

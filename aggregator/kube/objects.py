@@ -25,7 +25,7 @@ from aggregator.cluster import (
     SchedulingEvent,
 )
 from aggregator.errors import KubeError, KubeNotFoundError, KubeUnavailableError
-from aggregator.kube import networks
+from aggregator.kube import draobjects, networks
 from aggregator.placement import required_affinity_from, taints_from, tolerations_from
 from proto.policy import Policy, PolicyError, load_policies
 
@@ -135,14 +135,16 @@ def policy_from_object(obj: Mapping[str, Any]) -> PolicyObject:
 
 
 def node_from_object(obj: Mapping[str, Any]) -> ClusterNode | None:
-    """A Node's name, labels, allocatable and capacity; None without a name."""
+    """A Node's name, uid, labels, allocatable and capacity; None without a name."""
     metadata = _mapping(obj.get("metadata"))
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return None
     status = _mapping(obj.get("status"))
+    uid = metadata.get("uid")
     return ClusterNode(
         name=name,
+        uid=uid if isinstance(uid, str) and uid else None,
         labels=_strings(metadata.get("labels")),
         allocatable=_strings(status.get("allocatable")),
         capacity=_strings(status.get("capacity")),
@@ -162,8 +164,8 @@ def node_from_object(obj: Mapping[str, Any]) -> ClusterNode | None:
 
 def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -> PodRequest | None:
     """A Pod asking for a resource under one of `prefixes` ("rdma/") or any device-plugin
-    (extended) resource, or attaching a network (`k8s.v1.cni.cncf.io/networks`); else None:
-    a pod with neither has no RDMA chain."""
+    (extended) resource, attaching a network (`k8s.v1.cni.cncf.io/networks`) or naming
+    DRA claims (spec.resourceClaims); else None: a pod with none has no RDMA chain."""
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     requests: dict[str, int] = {}
@@ -179,11 +181,12 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
                 if count is not None:
                     requests[resource] = max(requests.get(resource, 0), count)
     annotations = _strings(metadata.get("annotations"))
-    if not requests and not annotations.get(NETWORKS_ANNOTATION, "").strip():
+    status = _mapping(obj.get("status"))
+    claims = draobjects.pod_claims(spec, status)
+    if not requests and not claims and not annotations.get(NETWORKS_ANNOTATION, "").strip():
         return None
     namespace = str(metadata.get("namespace") or "default")
     node = spec.get("nodeName")
-    status = _mapping(obj.get("status"))
     phase = status.get("phase")
     # The scheduler's PodScheduled=False/Unschedulable condition outlives its Events (1 h).
     scheduled = _condition(status, "PodScheduled")
@@ -205,6 +208,8 @@ def pod_request_from_object(obj: Mapping[str, Any], prefixes: tuple[str, ...]) -
             or annotations.get(networks.OLD_NETWORK_STATUS_ANNOTATION)
         ),
         unschedulable=unschedulable,
+        claims=claims,
+        claim_health=draobjects.claim_health(status) if claims else (),
     )
 
 

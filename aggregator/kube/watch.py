@@ -1,7 +1,10 @@
 """Keeps the aggregator's picture of the cluster current: NicFleetPolicies and Nodes by
 list+watch; pods requesting RDMA resources, NetworkAttachmentDefinitions and IP pools
 (NV-IPAM, whereabouts), the chain's DaemonSets, FailedScheduling Events and the
-NicClusterPolicy's status by periodic list; DRA ResourceClaims by list+watch (ClaimWatcher).
+NicClusterPolicy's status by periodic list; every driver's DRA ResourceClaims,
+ResourceSlices and DeviceClasses by periodic list beside the pods (a cluster without
+resource.k8s.io/v1, or an aggregator that may not read it, has `dra_present=False`); DRA
+ResourceClaims by list+watch for the claim answerer (ClaimWatcher).
 
 Owns the retry loops (a failed call never ends `run`; it is logged once and retried) and
 announces every change through `changed` (an asyncio.Event the consumer clears) and an
@@ -21,6 +24,9 @@ from aggregator.cluster import (
     ClusterNode,
     ClusterView,
     DaemonSetState,
+    DraClaim,
+    DraDevice,
+    DraDeviceClass,
     HeldAddresses,
     IpPool,
     NetworkAttachment,
@@ -43,14 +49,27 @@ from proto.policy import Policy
 
 log = logging.getLogger(__name__)
 
-ChangeKind = Literal["policies", "nodes", "pods"]
+ChangeKind = Literal["policies", "nodes", "pods", "dra"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class WatchSettings:
-    pods_every_s: float = 30.0  # pods, NADs, IP pools: listed, not watched (the trace reads them)
+    pods_every_s: float = 30.0  # pods, NADs, IP pools, DRA: listed, not watched (the trace)
     retry_s: float = 1.0  # first retry after a failed call; doubles up to retry_max_s
     retry_max_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class DraLists:
+    """One round of the DRA lists; the default: resource.k8s.io/v1 not served or readable."""
+
+    present: bool = False
+    claims: tuple[DraClaim, ...] = ()
+    devices: tuple[DraDevice, ...] = ()
+    classes: tuple[DraDeviceClass, ...] = ()
+
+
+NO_DRA = DraLists()
 
 
 class ClusterWatcher:
@@ -75,6 +94,7 @@ class ClusterWatcher:
         self._daemonsets: tuple[DaemonSetState, ...] = ()
         self._events: tuple[SchedulingEvent, ...] = ()
         self._operator: OperatorStatus | None = None
+        self._dra = NO_DRA
         self._view: ClusterView | None = None
         self.changed = asyncio.Event()  # set on every change; the consumer clears it
         self.policies_synced = asyncio.Event()  # the first policy list arrived
@@ -94,6 +114,10 @@ class ClusterWatcher:
                 scheduling_events=self._events,
                 daemonsets=self._daemonsets,
                 nic_cluster_policy=self._operator,
+                dra_present=self._dra.present,
+                claims=self._dra.claims,
+                dra_devices=self._dra.devices,
+                device_classes=self._dra.classes,
             )
         return self._view
 
@@ -138,6 +162,7 @@ class ClusterWatcher:
                 ),
                 group.create_task(self._poll_pods(stop)),
                 group.create_task(self._poll_scheduling(stop)),
+                group.create_task(self._poll_dra(stop)),
             ]
             await stop.wait()
             for task in tasks:
@@ -216,6 +241,34 @@ class ClusterWatcher:
             if (events, operator) != (self._events, self._operator):
                 self._events, self._operator = events, operator
                 self._announce("pods")
+            if await _wait_or_stop(stop, self._settings.pods_every_s):
+                return
+
+    async def _poll_dra(self, stop: asyncio.Event) -> None:
+        """Claims, slices and classes, each round all or nothing, on the pods' period; a
+        loop of its own so a slow or absent resource.k8s.io never delays the pods."""
+        failed: set[str] = set()  # warn once per outage
+        while not stop.is_set():
+            fresh = self._dra
+            try:
+                fresh = DraLists(
+                    present=True,
+                    claims=await self._kube.list_dra_claims(),
+                    devices=await self._kube.list_dra_devices(),
+                    classes=await self._kube.list_device_classes(),
+                )
+                failed.clear()
+            except KubeError as exc:
+                if exc.status in (403, 404):
+                    # 404: no resource.k8s.io/v1 (before Kubernetes 1.34, or DRA off);
+                    # 403: a ClusterRole without it. The trace then says "unknown".
+                    fresh = NO_DRA
+                    _warn_once(failed, "absent", f"DRA objects not readable ({exc})")
+                else:  # unreachable or 5xx: keep the last lists, not a cluster without DRA
+                    _warn_once(failed, "failed", f"DRA claims, slices and classes: {exc}")
+            if fresh != self._dra:
+                self._dra = fresh
+                self._announce("dra")
             if await _wait_or_stop(stop, self._settings.pods_every_s):
                 return
 

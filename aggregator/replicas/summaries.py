@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Final
 
+import msgspec
+
 from aggregator.cluster import NO_CLUSTER, ClusterView, policies_by_node
 from aggregator.fleet.state import NodeRecord
 from aggregator.replicas.partitions import partition_of
@@ -161,8 +163,8 @@ class ShardRules:
         selecting = self._selecting.get(name)
         if selecting is None:
             nodes = {n: c for n, c in cluster.nodes.items() if n == name}
-            view = ClusterView(present=cluster.present, nodes=nodes, pods=cluster.pods,
-                               attachments=cluster.attachments)  # fmt: skip
+            # The whole view but the other nodes (DRA claims and devices included).
+            view = msgspec.structs.replace(cluster, nodes=nodes)
             one = {name: fleet[name]}
             selecting = self._selecting[name] = policies_by_node(policies, one, view).get(name, ())
         return Peer(name=name, record=fleet[name], selecting=selecting, policies=policies)

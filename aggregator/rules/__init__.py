@@ -2,5 +2,6 @@
 ending in the explicit tuple of its rules' descriptors (`descriptor.Rule`); `catalog`
 concatenates them, and `engine` derives its tables from them.
 
-May import: `aggregator.fleet` (the records they judge), `aggregator.cluster`, `proto`.
+May import: `aggregator.fleet` (the records they judge), `aggregator.cluster`,
+`aggregator.dra.nodedevices` (a DRA device's health), `proto`.
 No I/O, no clock, no logging (a contract in pyproject.toml)."""

@@ -17,6 +17,7 @@ from aggregator.rules import (
     clockskew,
     counters,
     dataquality,
+    dra,
     fleetpolicy,
     links,
     pluginconfig,
@@ -34,6 +35,7 @@ ALL_RULES: Final[tuple[Rule, ...]] = (
     *adapterloss.RULES,
     *pluginconfig.RULES,
     *attachments.RULES,
+    *dra.RULES,
     *dataquality.RULES,
     *clockskew.RULES,
 )

@@ -56,7 +56,8 @@ class Rule:
     (and the policies, cluster, settings, `now`) and each names N; re-run for a node only
     when a field in `reads` changed — and, with `counter_keys`, only when a counter delta
     touched one of those counter/rate keys. `due`: it reads `now`, and reports no record
-    before that time. Fleet-level (`peer`): tally / settle / judge (aggregator.rules.peers)."""
+    before that time (`before_due`: `now` moves its findings only then). Fleet-level
+    (`peer`): tally / settle / judge (aggregator.rules.peers)."""
 
     id: str  # stable API: alert fingerprints, policy `alerts` keys, API filters
     family: Family
@@ -70,15 +71,21 @@ class Rule:
     resolve_s: float = 0.0  # default hysteresis: how long it must be gone before resolving
     # Numeric parameters a policy may override under alerts.<rule>.thresholds.
     params: Mapping[str, float] = field(default_factory=lambda: NO_PARAMS)
-    # It reads the cluster's pods, NADs or IP pools (not only node labels): re-run for every
-    # node when those change (aggregator.rules.engine.incremental).
+    # It reads the cluster's pods, NADs, IP pools, DRA claims or slices (not only node
+    # labels): re-run for every node when those change (aggregator.rules.engine.incremental).
     reads_cluster: bool = False
+    # With `due`: it also reports records before their due time, and `now` changes what it
+    # reports only at that time (dra-claim-unhealthy-device: a silent node). Re-run when a
+    # field in `reads` changed, as a rule without `due` is, and from the due time on.
+    before_due: bool = False
 
     def __post_init__(self) -> None:
         if not self.reads <= _FIELDS:
             raise ValueError(f"{self.id}: reads unknown fields {sorted(self.reads - _FIELDS)}")
         if self.peer is not None and (self.peer.rule != self.id or self.due is not None):
             raise ValueError(f"{self.id}: a peer rule of its own id, without a due time")
+        if self.before_due and self.due is None:
+            raise ValueError(f"{self.id}: reports before its due time, but has none")
         if self.counter_keys is not None and self.reads != COUNTERS:
             raise ValueError(f"{self.id}: counter keys for a rule reading more than counters")
 

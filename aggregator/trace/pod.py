@@ -1,7 +1,9 @@
 """One pod's own chain (`nicfleetctl trace --pod NS/NAME`): the node it is on or why the
 scheduler left it pending, the resources it requests and, on its node, each resource's
 whole chain with the pod's own `scheduling` link and, in `attachment`, `ip-pool` and
-`pod-interface`, the pod's own networks and `network-status` (`ChainContext.pod`).
+`pod-interface`, the pod's own networks and `network-status` (`ChainContext.pod`); and
+one DRA chain per spec.resourceClaims entry that asks for an rdma.nicfleet.io device
+(`aggregator.trace.dra`), pending or not.
 
 Pure: a function of the fleet records, the cluster view, the policies, the newest
 validations (a lookup passed in) and `now`.
@@ -23,6 +25,7 @@ from aggregator.trace.chain import (
     UnknownResource,
     trace,
 )
+from aggregator.trace.dra import trace_claims, untraced_claims
 from aggregator.trace.host import link_broken
 from aggregator.trace.scheduling import pod_scheduling_link
 from proto.dpconfig import resource_full_name
@@ -109,6 +112,10 @@ def trace_pod(
                         first_broken=0, links=(link,),
                     )
                 )  # fmt: skip
+    # A claim's chain needs no node: a pending pod's says why its claim is not allocated.
+    claims = trace_claims(pod, fleet=fleet, cluster=cluster, now=now, stale_after=stale_after)
+    untraced_claim = untraced_claims(pod, cluster)
+    chains = (*traces, *claims)
     return PodTrace(
         namespace=namespace,
         name=name,
@@ -116,11 +123,16 @@ def trace_pod(
         phase=pod.phase,
         requests=dict(pod.requests),
         checked_at=now,
-        ok=scheduling.status != "broken" and all(t.verdict != "broken" for t in traces),
+        ok=scheduling.status != "broken" and all(t.verdict != "broken" for t in chains),
         scheduling=scheduling,
         traces=tuple(traces),
-        untraced=untraced,
-        no_chain=_no_chain(pod, untraced) if pod.node is not None and not traces else None,
+        untraced=untraced | untraced_claim,
+        no_chain=(
+            _no_chain(pod, untraced, untraced_claim)
+            if pod.node is not None and not chains
+            else None
+        ),
+        claims=claims,
     )
 
 
@@ -157,13 +169,18 @@ def _not_rdma(resource: str, pod: PodRequest, cluster: ClusterView) -> str:
     return why
 
 
-def _no_chain(pod: PodRequest, untraced: Mapping[str, str]) -> str:
+def _no_chain(
+    pod: PodRequest, untraced: Mapping[str, str], untraced_claims: Mapping[str, str]
+) -> str:
     """Why a scheduled pod has no RDMA chain: what it asks for, and what it would need."""
     asks = (
         f"requests only {', '.join(sorted(untraced))} (no resource nicfleet serves)"
         if untraced
         else "requests no device-plugin resource"
     )
+    if untraced_claims:
+        entries = ", ".join(sorted(k.removeprefix("claim/") for k in untraced_claims))
+        asks += f" and its claims ({entries}) ask for no rdma.nicfleet.io device"
     networks = (
         f"; it attaches {', '.join(pod.networks)}, but no RDMA adapter is allocated to it"
         if pod.networks

@@ -27,6 +27,7 @@ from aggregator.rules.descriptor import NOT_LOADED, RuleInput
 from aggregator.rules.engine.duetimes import DueNodes
 from aggregator.rules.engine.peertally import PeerTally
 from aggregator.rules.engine.registry import (
+    BEFORE_DUE,
     CHECKS,
     CLUSTER_RULES,
     COUNTER_KEYS,
@@ -70,8 +71,9 @@ def _same_labels(old: ClusterView, new: ClusterView) -> bool:
 
 
 def _same_objects(old: ClusterView, new: ClusterView) -> bool:
-    """The pods, NADs, IP pools and held addresses the `CLUSTER_RULES` read (the watcher
-    replaces each tuple only when it changed, so identity is the usual answer)."""
+    """The pods, NADs, IP pools, held addresses, DRA claims and devices the
+    `CLUSTER_RULES` read (the watcher replaces each tuple only when it changed, so identity
+    is the usual answer)."""
     return all(
         a is b or a == b
         for a, b in (
@@ -79,6 +81,8 @@ def _same_objects(old: ClusterView, new: ClusterView) -> bool:
             (old.attachments, new.attachments),
             (old.ip_pools, new.ip_pools),
             (old.held_addresses, new.held_addresses),
+            (old.claims, new.claims),
+            (old.dra_devices, new.dra_devices),
         )
     )
 
@@ -334,7 +338,13 @@ class IncrementalRules:
             self._clear_local(rule, name)
             record = self._fleet.get(name)
             due.reschedule(name, None if record is None else when(record, self._thresholds))
-        for name in due.advance(self._now):
+        waiting = due.advance(self._now)
+        if rule in BEFORE_DUE:
+            # Its findings before the due time stand until the record changes: re-run what
+            # changed, what is due, and what the clock took back before its due time.
+            self._run_local(rule, due.active | changed | waiting)
+            return
+        for name in waiting:
             self._clear_local(rule, name)
         self._run_local(rule, due.active)
 

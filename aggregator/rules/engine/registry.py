@@ -37,6 +37,9 @@ FLEET_RULES: Final[tuple[str, ...]] = tuple(PEER_RULES)
 TIME_RULES: Final[Mapping[str, Callable[[NodeRecord, Thresholds], float]]] = MappingProxyType(
     {r.id: r.due for r in ALL_RULES if r.due is not None}
 )
+# Time rules that also report before the due time (`Rule.before_due`): re-run for changed
+# nodes as well as for due ones.
+BEFORE_DUE: Final[frozenset[str]] = frozenset(r.id for r in ALL_RULES if r.before_due)
 # The NodeRecord fields each rule reads of a node: a node's findings of a rule are
 # recomputed only when one of them changed (or the node came or went).
 READS: Final[Mapping[str, frozenset[str]]] = MappingProxyType({r.id: r.reads for r in ALL_RULES})
@@ -46,8 +49,8 @@ COUNTER_KEYS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {r.id: r.counter_keys for r in ALL_RULES if r.counter_keys is not None}
 )
 CHECKS: Final[Mapping[str, Check]] = MappingProxyType({r.id: r.check for r in ALL_RULES})
-# Node-local rules reading the cluster's pods, NADs or IP pools: re-run for every node when
-# those change.
+# Node-local rules reading the cluster's pods, NADs, IP pools, DRA claims or slices: re-run
+# for every node when those change.
 CLUSTER_RULES: Final[frozenset[str]] = frozenset(r.id for r in ALL_RULES if r.reads_cluster)
 
 

@@ -120,6 +120,20 @@ def test_demo_json_summary_and_no_leftover_processes(tmp_path: Path) -> None:
         "rdma/ib": {"capacity": 8, "allocatable": 7},
         "rdma/ib_rail1": {"capacity": 8, "allocatable": 0},
     }
+    # The DRA plugins registered too: the faulted node's slice, before and after the fault.
+    dra = summary["dra"]
+    assert (dra["node"], dra["device"]) == ("gpu-ib-01", "mlx5-3")
+    before = {r["device"]: r for r in dra["slices_before"]}
+    after = {r["device"]: r for r in dra["slices_after"]}
+    assert len(before) == 12 and before.keys() == after.keys()
+    assert before["mlx5-3"] == {
+        "device": "mlx5-3", "rdma_device": "mlx5_3", "link_layer": "InfiniBand",
+        "pcie_root": "pci0000:37", "port_state": "ACTIVE",
+    }  # fmt: skip
+    assert after["mlx5-3"]["port_state"] == "DOWN"
+    assert after["mlx5-0"] == before["mlx5-0"]
+    assert "mlx5-3" in dra["kubelet_unhealthy"]
+    assert "mlx5-3" not in dra["kubelet_unhealthy_before"]
     sockets = summary["socket_dir"]
     assert len(sockets) < 40 and not Path(sockets).exists()
     assert _processes_mentioning(sockets) == []

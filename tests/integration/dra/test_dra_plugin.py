@@ -2,7 +2,8 @@
 
 Plugin-watcher registration, NodePrepare/Unprepare (idempotent, checkpointed across an
 agent restart, per-claim errors, a hostile kubelet), the health stream following a lab
-port fault, re-registration after a kubelet restart, and the whole agent with `dra` on.
+port fault (every share copy too), re-registration after a kubelet restart, and the
+whole agent with `dra` on, publishing the plugin's status.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import nats
+import nats.aio.msg
 import pytest
 from click.testing import CliRunner
 
@@ -31,7 +34,11 @@ from agent.lab.render import render
 from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
 from aggregator.bus.natsserver import NatsServer
+from proto import subjects
+from proto.codec import decode
 from proto.dra import health_pb2, healthv1alpha1_pb2, healthv1alpha1_pb2_grpc
+from proto.draslices import SliceSettings
+from proto.messages.status import DevicePluginStatus
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
@@ -56,7 +63,7 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def dra_settings(root: Path) -> DraSettings:
+def dra_settings(root: Path, **kw: Any) -> DraSettings:
     return DraSettings(
         plugins_dir=root / "plugins",
         plugins_registry_dir=root / "registry",
@@ -65,6 +72,7 @@ def dra_settings(root: Path) -> DraSettings:
         claims_dir=root / "claims",
         watch_interval=0.02,
         backoff=Backoff(initial=0.05, maximum=0.5),
+        **kw,
     )
 
 
@@ -234,9 +242,25 @@ async def test_a_kubelet_restart_re_registers(short_dir: Path) -> None:
         await conn.wait_health(lambda r: len(r.devices) == 4)
 
 
+async def test_share_copies_carry_their_devices_health(short_dir: Path) -> None:
+    settings = dra_settings(short_dir, slices=SliceSettings(sharing="copies", share=2))
+    tree = lab_node(short_dir)
+    plugin = fed_plugin(settings, tree)
+    sysfs = Sysfs(tree)
+    snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
+    async with DraKubeletEmulator(settings.plugins_registry_dir) as kubelet, serving(plugin):
+        conn = await kubelet.plugin(DRIVER)
+        healthy = await conn.wait_health(lambda r: len(r.devices) == 8)
+        assert sorted(health_of(healthy)) == [f"mlx5-{i}-s{c}" for i in range(4) for c in (0, 1)]
+        faults.port_down(tree, "mlx5_1", 1)
+        plugin.update(snapshot, collect_port_states(sysfs))
+        await conn.wait_health(lambda r: health_of(r)["mlx5-1-s1"] == health_pb2.UNHEALTHY)
+        assert conn.unhealthy() == ("mlx5-1-s0", "mlx5-1-s1")
+
+
 async def test_the_agent_with_dra_on(nats_server: NatsServer, short_dir: Path) -> None:
     tree = lab_node(short_dir)
-    dra = dra_settings(short_dir)
+    dra = dra_settings(short_dir, slices=SliceSettings(sharing="consumable", share=4))
     settings = AgentSettings(
         node_name=NODE,
         sysfs_root=tree,
@@ -246,23 +270,65 @@ async def test_the_agent_with_dra_on(nats_server: NatsServer, short_dir: Path) -
         dra=dra,
     )
     allocate(dra, CLAIM_A, "mlx5-0")
+    statuses: asyncio.Queue[DevicePluginStatus] = asyncio.Queue()
+
+    async def on_status(msg: nats.aio.msg.Msg) -> None:
+        await statuses.put(decode(msg.data, DevicePluginStatus))
+
+    async def status_where(check: Any) -> DevicePluginStatus:
+        while True:
+            status = await statuses.get()
+            if status.dra is not None and check(status.dra):
+                return status
+
+    nc = await nats.connect(nats_server.url)
+    await nc.subscribe(subjects.node_subject(NODE, subjects.STATUS), cb=on_status)
     service = AgentService(settings)
     stop = asyncio.Event()
-    async with DraKubeletEmulator(dra.plugins_registry_dir) as kubelet, asyncio.TaskGroup() as tg:
-        tg.create_task(service.run(stop))
-        try:
-            conn = await kubelet.plugin(DRIVER, timeout=15)
-            await conn.wait_health(lambda r: len(r.devices) == 4, timeout=15)
-            # The lab's fault command, seen by the agent's own port-state poll.
-            fault = ["lab", "fault", "port-down", "--root", str(tree), "--device", "mlx5_0"]
-            assert CliRunner().invoke(main, fault).exit_code == 0
-            await conn.wait_health(
-                lambda r: health_of(r).get("mlx5-0") == health_pb2.UNHEALTHY, timeout=10
-            )
-            prepared = await conn.prepare(CLAIM_A)
-            assert prepared.claims[UID_A].devices[0].device_name == "mlx5-0"
-        finally:
-            stop.set()
+    try:
+        async with (
+            DraKubeletEmulator(dra.plugins_registry_dir) as kubelet,
+            asyncio.TaskGroup() as tg,
+        ):
+            tg.create_task(service.run(stop))
+            try:
+                conn = await kubelet.plugin(DRIVER, timeout=15)
+                await conn.wait_health(lambda r: len(r.devices) == 4, timeout=15)
+                # The lab's fault command, seen by the agent's own port-state poll.
+                fault = ["lab", "fault", "port-down", "--root", str(tree), "--device", "mlx5_0"]
+                assert CliRunner().invoke(main, fault).exit_code == 0
+                await conn.wait_health(
+                    lambda r: health_of(r).get("mlx5-0") == health_pb2.UNHEALTHY, timeout=10
+                )
+                prepared = await conn.prepare(CLAIM_A)
+                assert prepared.claims[UID_A].devices[0].device_name == "mlx5-0"
+                assert (await conn.prepare(CLAIM_B)).claims[UID_B].error  # not allocated
+
+                # Published by the agent although its device plugin is off.
+                status = await asyncio.wait_for(
+                    status_where(lambda d: d.state == "registered" and d.prepared and d.failed),
+                    timeout=10,
+                )
+                assert (status.node, status.resources, status.registered) == (NODE, (), False)
+                assert status.dra is not None
+                assert status.dra.endpoint == str(dra.endpoint)
+                assert (status.dra.slices.sharing, status.dra.slices.share) == ("consumable", 4)
+                (claim,) = status.dra.prepared
+                assert (claim.uid, claim.devices) == (UID_A, ("mlx5-0",))
+                assert claim.cdi_ids == (f"{DRIVER}/claim={UID_A}-mlx5-0",)
+                assert claim.at > 0
+                assert [(f.uid, f.name) for f in status.dra.failed] == [(UID_B, "nic-b")]
+                assert status.dra.unhealthy.keys() == {"mlx5-0"}
+
+                allocate(dra, CLAIM_B, "mlx5-1")  # forwarded at last: prepared, not failed
+                assert (await conn.prepare(CLAIM_B)).claims[UID_B].error == ""
+                await asyncio.wait_for(
+                    status_where(lambda d: len(d.prepared) == 2 and not d.failed), timeout=10
+                )
+            finally:
+                stop.set()
+    finally:
+        await nc.close()
 
 
 async def test_the_lab_kubelet_runner_writes_what_its_dra_side_sees(short_dir: Path) -> None:

@@ -3,27 +3,22 @@ HTTP: published snapshots and port events (fed to a Fleet and its ChangeFeed as 
 does) become rdma.nicfleet.io ResourceSlices; another driver's slice is never touched;
 409 and 5xx answers are retried from a fresh list without losing the pending change.
 
-kmock stores objects but knows no resourceVersion and no PUT: `ApiServer` adds what the
-API server does for ResourceSlices (a new resourceVersion on every write, 409 for a
-replace or delete whose version is stale, replace = the whole object) and answers the
-next writes with injected statuses.
+The API server is tests/integration/kube/sliceapi.py (kmock plus resourceVersions and PUT).
+Pools are built with the sharing the node's agent reported and owned by the Node object.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp.web
-import attrs
 import kmock
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.lab.faults import port_down
 from aggregator.bus.natsserver import NatsServer
@@ -33,83 +28,21 @@ from aggregator.fleet.state import Fleet
 from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.service import AggregatorService, AggregatorSettings
 from proto.inventory import NodeSnapshot
+from proto.messages.status import DevicePluginStatus, DraPluginStatus, DraSliceConfig
 from tests.integration.agent.test_pipeline import agent, lab_node
+from tests.integration.kube.sliceapi import SLICES, ApiServer, port_state, slices_api
 from tests.support.builders import T0, nic, port_event, snapshot
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
+__all__ = ["SLICES", "ApiServer", "port_state"]  # tests/integration/dra imports them from here
 
-SLICES = "resource.k8s.io/v1/resourceslices"
-PATH = f"/apis/{SLICES}"
 OURS = "gpu-001-rdma-nicfleet-io-0"
-
-
-def status(code: int, reason: str) -> aiohttp.web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
-    return aiohttp.web.json_response({**body, "reason": reason}, status=code)
-
-
-@attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesEmulator):
-    fail_writes: list[int] = attrs.field(factory=list)  # statuses for the next writes
-    _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1000))
-
-    def stored(self, name: str) -> dict[str, Any] | None:
-        key = (kmock.resource("resource.k8s.io", "v1", "resourceslices"), None, name)
-        if key not in self.objects or self.objects[key].deleted:
-            return None
-        return dict(self.objects[key].raw)
-
-    def put_slice(self, obj: dict[str, Any]) -> None:
-        """Store `obj` as the API server would hand it out (server-set metadata added)."""
-        obj = copy.deepcopy(obj)
-        obj["metadata"].update(
-            uid=f"uid-{obj['metadata']['name']}",
-            resourceVersion=str(next(self._versions)),
-            generation=1,
-            creationTimestamp="2026-12-02T04:00:00Z",
-            managedFields=[{"manager": "someone", "operation": "Update"}],
-        )
-        self.objects[SLICES, None, obj["metadata"]["name"]] = obj
-
-    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
-        if not request.url.path.startswith(PATH) or request.method == "GET":
-            return await super()._handle(request)
-        if self.fail_writes:
-            code = self.fail_writes.pop(0)
-            return status(code, "Conflict" if code == 409 else "InternalError")
-        name = request.url.path.removeprefix(PATH).strip("/")
-        if request.method == "POST":
-            request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
-            return await super()._handle(request)
-        old = self.stored(name)
-        if old is None:
-            return status(404, "NotFound")
-        wanted = (
-            request.data.get("metadata", {}).get("resourceVersion")
-            if request.method == "PUT"
-            else (request.data or {}).get("preconditions", {}).get("resourceVersion")
-        )
-        if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
-            return status(409, "Conflict")
-        if request.method == "DELETE":
-            return await super()._handle(request)
-        new = copy.deepcopy(request.data)
-        new["metadata"]["resourceVersion"] = str(next(self._versions))
-        self.objects[SLICES, None, name] = new  # a replace: nothing of the old is kept
-        return aiohttp.web.json_response(new)
 
 
 def node(down: bool = False, seq: int = 1) -> NodeSnapshot:
     devices = (nic("mlx5_0", state="DOWN" if down else "ACTIVE"), nic("mlx5_1", index=1))
     return snapshot("gpu-001", seq=seq, devices=devices)
-
-
-def port_state(obj: dict[str, Any] | None, device: str) -> str | None:
-    if obj is None:
-        return None
-    entry = [d for d in obj["spec"]["devices"] if d["name"] == device]
-    return str(entry[0]["attributes"]["portState"]["string"]) if entry else None
 
 
 def foreign_slice() -> dict[str, Any]:
@@ -133,7 +66,8 @@ class Rig:
         self.fleet = Fleet()
         self.changes = ChangeFeed()
         self.leader = True
-        self.nodes: set[str] | None = None
+        self.nodes: dict[str, str | None] | None = None  # the Node objects: name -> uid
+        self.registry = CollectorRegistry()
         self.publisher = SlicePublisher(
             PublishSettings(stale_after=1e9, retry_s=0.05),
             api=kube,
@@ -142,7 +76,11 @@ class Rig:
             cluster_nodes=lambda: self.nodes,
             is_leader=lambda: self.leader,
             clock=lambda: T0 + 2,
+            registry=self.registry,
         )
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def publish_snapshot(self, snap: NodeSnapshot) -> None:
         self.fleet.apply_snapshot(snap, received_at=T0)
@@ -151,8 +89,7 @@ class Rig:
 
 @asynccontextmanager
 async def rig() -> AsyncIterator[Rig]:
-    api = ApiServer()
-    api.resources[SLICES] = kmock.ResourceInfo(kind="ResourceSlice", namespaced=False)
+    api = slices_api()
     async with api, kmock.Server(api) as server:
         kube = await KubeClient.connect(KubeSettings(host=str(server.url)))
         async with kube:
@@ -194,7 +131,7 @@ async def test_port_down_updates_the_slice_and_other_drivers_are_untouched() -> 
         assert port_state(updated, "mlx5-1") == "ACTIVE"
         assert r.api.stored("gpu-001-gpu.nvidia.com-xk2p") == before
 
-        r.nodes = set()  # the Node object is gone: our slice goes, theirs stays
+        r.nodes = {}  # the Node object is gone: our slice goes, theirs stays
         r.changes.publish("gpu-001", "snapshot")
         await wait_until(lambda: r.api.stored(OURS) is None, what="slice deleted")
         assert r.api.stored("gpu-001-gpu.nvidia.com-xk2p") == before
@@ -217,6 +154,51 @@ async def test_failed_writes_are_retried_without_losing_the_change(codes: list[i
         await wait_until(lambda: port_state(r.api.stored(OURS), "mlx5-0") == "DOWN", what="retried")
         assert r.api.fail_writes == []
         assert r.publisher.errors == len(codes)
+        result = "conflict" if codes == [409] else "error"
+        writes = "nicfleet_dra_slice_writes_total"
+        assert r.metric(writes, action="update", result=result) == len(codes)
+        assert r.metric(writes, action="update", result="ok") == 1
+        assert r.metric(writes, action="create", result="ok") == 1
+
+
+UID = "2b1f0c9e-5d4a-4e3b-8c7d-6a5b4c3d2e1f"
+
+
+def owners(obj: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    return None if obj is None else obj["metadata"].get("ownerReferences")
+
+
+async def test_slices_follow_the_agents_sharing_and_are_owned_by_the_node() -> None:
+    async with rig() as r:
+        r.nodes = {"gpu-001": UID}
+        copies = DraPluginStatus(slices=DraSliceConfig(sharing="copies", share=2))
+        r.fleet.apply_status(
+            DevicePluginStatus(node="gpu-001", observed_at=T0, dra=copies), received_at=T0
+        )
+        r.publish_snapshot(node())
+        await wait_until(lambda: r.api.stored(OURS) is not None, what="slice created")
+        created = r.api.stored(OURS)
+        assert created is not None
+        assert [d["name"] for d in created["spec"]["devices"]] == [
+            "mlx5-0-s0", "mlx5-0-s1", "mlx5-1-s0", "mlx5-1-s1",
+        ]  # fmt: skip
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "gpu-001", "controller": True}
+        assert owners(created) == [{**owner, "uid": UID}]
+
+        r.nodes = {"gpu-001": "uid-of-the-recreated-node"}  # same name, a new Node object
+        r.changes.publish("gpu-001", "snapshot")
+        await wait_until(
+            lambda: owners(r.api.stored(OURS)) == [{**owner, "uid": "uid-of-the-recreated-node"}],
+            what="owner reference replaced",
+        )
+        replaced = r.api.stored(OURS)
+        assert replaced is not None
+        assert replaced["spec"] == created["spec"]  # the devices untouched, no bump
+        writes = "nicfleet_dra_slice_writes_total"
+        assert r.metric(writes, action="create", result="ok") == 1
+        assert r.metric(writes, action="update", result="ok") == 1
+        assert r.metric("nicfleet_dra_slice_publish_seconds_count") == 2
+        assert r.metric("nicfleet_dra_published_pools") == 1
 
 
 async def test_a_stale_version_is_relisted_and_a_foreign_edit_replaced() -> None:
@@ -282,7 +264,7 @@ async def test_the_aggregator_with_dra_publish_publishes_a_lab_agents_slices(
     api.objects["v1/nodes", None, name] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "uid": UID},
     }
     api.put_slice(foreign_slice() | {"metadata": {"name": "theirs"}})
     root = lab_node(tmp_path, "roce-cx6dx", name)
@@ -322,5 +304,9 @@ async def test_the_aggregator_with_dra_publish_publishes_a_lab_agents_slices(
     published = api.stored(slice_name)
     assert published is not None
     assert published["spec"]["nodeName"] == name
+    # The watcher's Node uid (kube.objects.node_from_object) reached the publisher.
+    assert owners(published) == [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": UID, "controller": True}
+    ]
     assert published["spec"]["devices"], "the lab node's RDMA devices"
     assert api.stored("theirs") is not None

@@ -83,9 +83,33 @@ def test_the_plugin_writes_only_below_the_mounted_paths() -> None:
 
 
 def test_the_device_classes_are_deploy_dra_and_the_rest_is_the_base() -> None:
+    # Plus the aggregator's ResourceSlice policy (aggregator/dra/test_publisher_admission.py).
+    policy = "nicfleet-aggregator-resourceslices"
+
     def others(target: str) -> list[dict[str, Any]]:
-        return [d for d in render(target) if d["kind"] not in ("DaemonSet", "DeviceClass")]
+        return [
+            d
+            for d in render(target)
+            if d["kind"] not in ("DaemonSet", "DeviceClass", "Deployment")
+            and d["metadata"]["name"] != policy
+        ]
 
     assert others(OVERLAY) == others("")
+    added = [d["kind"] for d in render(OVERLAY) if d["metadata"]["name"] == policy]
+    assert added == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     classes = [d for d in render(OVERLAY) if d["kind"] == "DeviceClass"]
     assert classes == list(render("dra"))
+
+
+def test_the_aggregator_publishes_the_slices_and_nothing_else_changes() -> None:
+    # The aggregator is the publisher (docs/dra.md, "Who publishes"): only --dra-publish.
+    def aggregator(target: str) -> dict[str, Any]:
+        (found,) = [d for d in render(target) if d["kind"] == "Deployment"]
+        return found
+
+    base, dra = aggregator(""), aggregator(OVERLAY)
+    base_args = base["spec"]["template"]["spec"]["containers"][0]["args"]
+    dra_args = dra["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert dra_args == [*base_args, "--dra-publish"]
+    dra["spec"]["template"]["spec"]["containers"][0]["args"] = base_args
+    assert dra == base

@@ -1,4 +1,4 @@
-"""The DRA checkpoint: round trip, missing file, unreadable file."""
+"""The DRA checkpoint: round trip, missing file, unreadable file, the directory sync."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from agent.dra.checkpoint import (
     PreparedDevice,
     load_checkpoint,
     save_checkpoint,
+    sync_directory,
+    write_atomic,
 )
 
 
@@ -46,3 +48,15 @@ def test_an_unreadable_checkpoint_is_an_error(tmp_path: Path, content: bytes) ->
     path.write_bytes(content)
     with pytest.raises(CheckpointError):
         load_checkpoint(path)
+
+
+def test_the_rename_is_synced_through_the_directory(tmp_path: Path) -> None:
+    # write_atomic ends with sync_directory(parent): a real directory is synced, and what
+    # is not one fails loudly rather than leaving the rename unsynced.
+    write_atomic(tmp_path / "d" / "f.json", b"{}")
+    assert (tmp_path / "d" / "f.json").read_bytes() == b"{}"
+    sync_directory(tmp_path / "d")
+    with pytest.raises(NotADirectoryError):
+        sync_directory(tmp_path / "d" / "f.json")
+    with pytest.raises(FileNotFoundError):
+        sync_directory(tmp_path / "missing")

@@ -1,4 +1,5 @@
-"""DRA device health: the device plugin's rule per RDMA device, and the feed's wake-ups."""
+"""DRA device health: the device plugin's rule per RDMA device (and per share copy of
+it), and the feed's wake-ups."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import asyncio
 
 import pytest
 
+from agent.deviceplugin.plan import PortStates
 from agent.dra.health import DeviceHealth, HealthFeed, device_health
+from proto import draslices
+from proto.draslices import SliceSettings
 from tests.support.builders import nic, snapshot
 
 
@@ -55,3 +59,31 @@ async def test_the_feed_wakes_streams_only_on_change() -> None:
     assert feed.streams == 1
     await stream.aclose()
     assert feed.streams == 0
+
+
+@pytest.mark.parametrize(
+    ("slices", "names"),
+    [
+        pytest.param(
+            SliceSettings(sharing="copies", share=3),
+            ["mlx5-0-s0", "mlx5-0-s1", "mlx5-0-s2", "mlx5-1-s0", "mlx5-1-s1", "mlx5-1-s2"],
+            id="copies",
+        ),
+        pytest.param(
+            SliceSettings(sharing="copies", share=1), ["mlx5-0", "mlx5-1"], id="copies-of-one"
+        ),
+        pytest.param(
+            SliceSettings(sharing="consumable", share=4), ["mlx5-0", "mlx5-1"], id="consumable"
+        ),
+        pytest.param(SliceSettings(), ["mlx5-0", "mlx5-1"], id="exclusive"),
+    ],
+)
+def test_every_published_device_has_its_rdma_devices_health(slices, names) -> None:
+    snap = snapshot(devices=(nic("mlx5_1", index=1), nic("mlx5_0")))
+    poll: PortStates = {("mlx5_0", 1): ("ACTIVE", "LinkUp"), ("mlx5_1", 1): ("DOWN", "Disabled")}
+    health = device_health(snap, poll, slices)
+    assert [h.device for h in health] == names
+    assert {h.device: h.healthy for h in health} == {n: n.startswith("mlx5-0") for n in names}
+    # The same names as the node's slices: one definition of what is published.
+    entries = draslices.device_entries(snap, {}, slices)
+    assert sorted(e["name"] for e in entries) == names

@@ -215,3 +215,167 @@ def test_every_written_body_is_a_valid_1_37_resource_slice() -> None:
     assert len(bodies) == 3
     for body in bodies:
         assert kubernetes_validate.validate(body, "1.37", strict=True) == "1.37"
+
+
+# --- the node's own settings ------------------------------------------------------------
+
+
+def names_of(action: Create | Update) -> list[str]:
+    return [d["name"] for d in action.body["spec"]["devices"]]
+
+
+def test_copies_publish_share_devices_per_rdma_device() -> None:
+    copies = SliceSettings(sharing="copies", share=3)
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node(), settings=copies)},
+        [],
+        cluster_nodes=None,
+        settings=SETTINGS,
+    )
+    assert isinstance(action, Create)
+    assert names_of(action) == [f"mlx5-{i}-s{c}" for i in range(2) for c in range(3)]
+    assert kubernetes_validate.validate(action.body, "1.37", strict=True) == "1.37"
+
+
+def test_consumable_publishes_one_device_with_the_share_capacity() -> None:
+    consumable = SliceSettings(sharing="consumable", share=4)
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node(), settings=consumable)},
+        [],
+        cluster_nodes=None,
+        settings=SETTINGS,
+    )
+    assert isinstance(action, Create)
+    assert names_of(action) == ["mlx5-0", "mlx5-1"]
+    for device in action.body["spec"]["devices"]:
+        assert device["allowMultipleAllocations"] is True
+        (capacity,) = device["capacity"].values()
+        assert capacity["value"] == "4"
+    assert kubernetes_validate.validate(action.body, "1.37", strict=True) == "1.37"
+
+
+def test_rails_given_are_attributes_and_absent_otherwise() -> None:
+    railed = SliceSettings(rails={"mlx5_0": 3})
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node(), settings=railed)},
+        [],
+        cluster_nodes=None,
+        settings=SETTINGS,
+    )
+    assert isinstance(action, Create)
+    first, second = action.body["spec"]["devices"]
+    assert first["attributes"]["rail"] == {"int": 3}
+    assert "rail" not in second["attributes"]
+
+
+def test_switching_a_node_to_copies_replaces_its_devices_with_a_bump() -> None:
+    copies = SliceSettings(sharing="copies", share=2)
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node(), settings=copies)},
+        published(node()),
+        cluster_nodes=None,
+        settings=SETTINGS,
+    )
+    assert isinstance(action, Update)
+    assert names_of(action) == ["mlx5-0-s0", "mlx5-0-s1", "mlx5-1-s0", "mlx5-1-s1"]
+    assert action.body["spec"]["pool"]["generation"] == 2
+
+
+def test_each_pool_keeps_its_own_settings() -> None:
+    sources = {
+        "a": PoolSource(snapshot=node("a"), settings=SliceSettings(sharing="copies", share=2)),
+        "b": PoolSource(snapshot=node("b")),
+    }
+    actions = plan(sources, [], cluster_nodes=None, settings=SETTINGS)
+    counts = {a.name: len(a.body["spec"]["devices"]) for a in actions if isinstance(a, Create)}
+    assert counts == {"a-rdma-nicfleet-io-0": 4, "b-rdma-nicfleet-io-0": 2}
+
+
+# --- owner references -------------------------------------------------------------------
+
+UID = "6f1c7e2a-0b8d-4a51-9a8e-1f2b3c4d5e6f"
+OWNER = {"apiVersion": "v1", "kind": "Node", "name": "gpu-001", "uid": UID, "controller": True}
+
+
+def owned_by(slices: list[dict[str, Any]], *refs: dict[str, Any]) -> list[dict[str, Any]]:
+    for s in slices:
+        s["metadata"]["ownerReferences"] = [dict(r) for r in refs]
+    return slices
+
+
+def test_a_created_slice_is_owned_by_its_node() -> None:
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node(), node_uid=UID)},
+        [],
+        cluster_nodes={"gpu-001": UID},
+        settings=SETTINGS,
+    )
+    assert isinstance(action, Create)
+    assert action.body["metadata"]["ownerReferences"] == [OWNER]
+    assert kubernetes_validate.validate(action.body, "1.37", strict=True) == "1.37"
+
+
+def test_without_a_uid_no_owner_reference_is_written() -> None:
+    (action,) = plan(
+        {"gpu-001": PoolSource(snapshot=node())}, [], cluster_nodes=None, settings=SETTINGS
+    )
+    assert isinstance(action, Create)
+    assert "ownerReferences" not in action.body["metadata"]
+
+
+def test_an_owned_unchanged_pool_plans_nothing() -> None:
+    sources = {"gpu-001": PoolSource(snapshot=node(), node_uid=UID)}
+    observed = owned_by(published(node()), OWNER)
+    assert plan(sources, observed, cluster_nodes={"gpu-001": UID}, settings=SETTINGS) == []
+
+
+@pytest.mark.parametrize(
+    "refs",
+    [
+        pytest.param((), id="missing"),
+        pytest.param(({**OWNER, "uid": "old-node-uid"},), id="another-uid"),
+        pytest.param(({**OWNER, "controller": False},), id="not-controller"),
+    ],
+)
+def test_a_missing_or_changed_owner_reference_is_an_update_without_a_bump(
+    refs: tuple[dict[str, Any], ...],
+) -> None:
+    small = SliceSettings(max_devices=1)
+    observed = owned_by(published(node(), small), *refs)
+    sources = {"gpu-001": PoolSource(snapshot=node(), node_uid=UID)}
+    actions = plan(sources, observed, cluster_nodes={"gpu-001": UID}, settings=small)
+    assert [type(a) for a in actions] == [Update, Update]  # both slices, devices unchanged
+    for action in actions:
+        assert isinstance(action, Update)
+        assert action.body["metadata"]["ownerReferences"] == [OWNER]
+        assert action.body["spec"]["pool"]["generation"] == 1
+        assert action.resource_version == "100"
+
+
+def test_other_owners_are_kept_in_place() -> None:
+    other = {"apiVersion": "example.com/v1", "kind": "Thing", "name": "t", "uid": "t-uid"}
+    observed = owned_by(published(node()), other, {**OWNER, "uid": "stale"})
+    sources = {"gpu-001": PoolSource(snapshot=node(), node_uid=UID)}
+    (action,) = plan(sources, observed, cluster_nodes={"gpu-001": UID}, settings=SETTINGS)
+    assert isinstance(action, Update)
+    assert action.body["metadata"]["ownerReferences"] == [other, OWNER]
+    unchanged = owned_by(published(node()), other, OWNER)
+    assert plan(sources, unchanged, cluster_nodes={"gpu-001": UID}, settings=SETTINGS) == []
+
+
+def test_with_the_uid_unknown_the_references_found_are_left_alone() -> None:
+    observed = owned_by(published(node()), {**OWNER, "uid": "whatever-was-there"})
+    sources = {"gpu-001": PoolSource(snapshot=node(down=True))}
+    (action,) = plan(sources, observed, cluster_nodes=None, settings=SETTINGS)
+    assert isinstance(action, Update)  # the port change only
+    assert action.body["metadata"]["ownerReferences"] == [{**OWNER, "uid": "whatever-was-there"}]
+    assert plan({"gpu-001": PoolSource(snapshot=node())}, observed, cluster_nodes=None,
+                settings=SETTINGS) == []  # fmt: skip
+
+
+def test_a_port_change_and_a_new_owner_are_one_update() -> None:
+    sources = {"gpu-001": PoolSource(snapshot=node(down=True), node_uid=UID)}
+    (action,) = plan(sources, published(node()), cluster_nodes={"gpu-001": UID}, settings=SETTINGS)
+    assert isinstance(action, Update)
+    assert action.body["metadata"]["ownerReferences"] == [OWNER]
+    assert state_of(action.body, "mlx5-0") == "DOWN"

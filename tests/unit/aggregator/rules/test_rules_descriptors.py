@@ -17,6 +17,7 @@ from aggregator.rules import (
     clockskew,
     counters,
     dataquality,
+    dra,
     fleetpolicy,
     links,
     pluginconfig,
@@ -49,6 +50,7 @@ FAMILIES = (
     (adapterloss, "fleet"),
     (pluginconfig, "fleet"),
     (attachments, "fleet"),
+    (dra, "fleet"),
     (dataquality, "data"),
     (clockskew, "data"),
 )

@@ -17,7 +17,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from aggregator.alerts.wiring import AllRules
-from aggregator.cluster import NO_CLUSTER, ClusterNode, ClusterView
+from aggregator.cluster import (
+    NO_CLUSTER,
+    ClaimHealth,
+    ClusterNode,
+    ClusterView,
+    DraClaim,
+    DraDevice,
+    DraResult,
+    PodClaim,
+    PodRequest,
+)
 from aggregator.fleet.state import Fleet
 from aggregator.rules import fleetpolicy, links, versions
 from aggregator.rules.catalog import RULE_IDS
@@ -73,13 +83,61 @@ POLICIES: tuple[tuple[Policy, ...], ...] = (
         },
     ),
 )
-CLUSTERS = (
-    NO_CLUSTER,
-    ClusterView(
-        present=True,
-        nodes={n: ClusterNode(name=n, labels={"rack": str(i % 2)}) for i, n in enumerate(NODES)},
+LABELLED = {n: ClusterNode(name=n, labels={"rack": str(i % 2)}) for i, n in enumerate(NODES)}
+_OURS, _GPU, _ROOT = "rdma.nicfleet.io", "gpu.nvidia.com", "resource.kubernetes.io/pcieRoot"
+
+
+def _claim(name: str, node: str, *devices: tuple[str, str]) -> DraClaim:
+    results = tuple(DraResult(request=f"r{i}", driver=driver, pool=node, device=device)
+                    for i, (driver, device) in enumerate(devices))  # fmt: skip
+    return DraClaim(namespace="ml", name=name, uid=name, allocated=True, results=results,
+                    node=node, reserved_for=(f"ml/{name}",))  # fmt: skip
+
+
+# The same labels with DRA claims (the DRA rules): a NIC + GPU under other roots on n0,
+# two NICs on n1 (the kubelet says one is Unhealthy), a NIC on a node of no fleet.
+DRA = ClusterView(
+    present=True,
+    nodes=LABELLED,
+    dra_present=True,
+    claims=(
+        _claim("a", "n0", (_OURS, "mlx5-0"), (_GPU, "gpu-0")),
+        _claim("b", "n1", (_OURS, "mlx5-1"), (_OURS, "mlx5-2")),
+        _claim("c", "n9", (_OURS, "mlx5-0")),
+    ),
+    dra_devices=(
+        DraDevice(
+            driver=_GPU,
+            pool="n0",
+            node="n0",
+            name="gpu-0",
+            slice="g",
+            attributes={_ROOT: "pci0000:17"},
+        ),
+        DraDevice(
+            driver=_OURS,
+            pool="n0",
+            node="n0",
+            name="mlx5-0",
+            slice="s",
+            attributes={_ROOT: "pci0000:18"},
+        ),
+    ),
+    pods=(
+        PodRequest(
+            namespace="ml",
+            name="b",
+            node="n1",
+            claims=(PodClaim(name="r0", claim="b"),),
+            claim_health=(
+                ClaimHealth(
+                    container="c", entry="r0", health="Unhealthy", resource_id=f"{_OURS}/n1/mlx5-1"
+                ),
+            ),
+        ),
     ),
 )
+CLUSTERS = (NO_CLUSTER, ClusterView(present=True, nodes=LABELLED), DRA)
 THRESHOLDS = (
     DEFAULT_THRESHOLDS,
     DEFAULT_THRESHOLDS.with_rule("port-down", enabled=False),
@@ -242,7 +300,7 @@ TestIncrementalEqualsFull = Machine.TestCase
 def test_every_rule_is_classified_once() -> None:
     assert sorted((*NODE_RULES, *FLEET_RULES)) == sorted(RULE_IDS)
     assert not set(NODE_RULES) & set(FLEET_RULES)
-    assert set(TIME_RULES) == {"agent-stale", "snapshot-missing"}
+    assert set(TIME_RULES) == {"agent-stale", "snapshot-missing", "dra-claim-unhealthy-device"}
     assert set(PEER_RULES) == set(FLEET_RULES)
 
 
