@@ -83,11 +83,12 @@ SMOKE: Final = {
 percentiles = dp.percentiles
 
 
-def dra_settings(root: Path, files: Path) -> DraSettings:
+def dra_settings(root: Path, files: Path, cdi: Path | None = None) -> DraSettings:
+    """`cdi`: where the CDI specs go when not beside the checkpoint under `files`."""
     return DraSettings(
         plugins_dir=root / "plugins",
         plugins_registry_dir=root / "reg",
-        cdi_dir=files / "cdi",
+        cdi_dir=(cdi or files) / "cdi",
         state_dir=files / "state",
         claims_dir=files / "claims",
         watch_interval=0.1,
@@ -114,12 +115,14 @@ def sixteen(root: Path) -> tuple[Path, Any]:
     return tree, snapshot
 
 
-async def prepare_latency(root: Path, files: Path, calls: int) -> dict[str, Any]:
+async def prepare_latency(
+    root: Path, files: Path, calls: int, cdi: Path | None = None
+) -> dict[str, Any]:
     tree, snapshot = sixteen(root)
     states = collect_port_states(Sysfs(tree))
     names = [d.name for d in snapshot.devices]
     chosen = [device_name(n) for n in names[:DEVICES_PER_CLAIM]]
-    settings = dra_settings(root, files)
+    settings = dra_settings(root, files, cdi)
     plugin = DraPlugin(settings, node=NODE)
     plugin.update(snapshot, states)
     result: dict[str, Any] = {
@@ -237,12 +240,14 @@ def timed_prepares(
     return prepared, unprepared
 
 
-def write_breakdown(root: Path, files: Path, writes: int) -> dict[str, Any]:
+def write_breakdown(
+    root: Path, files: Path, writes: int, cdi: Path | None = None
+) -> dict[str, Any]:
     """Where prepare's file work goes: the two atomic writes as `ClaimPreparer._write` does
     them (one 8-device claim in the checkpoint), then the same without fsync, and a bare
     fsync of a checkpoint-sized file."""
     _tree, snapshot = sixteen(root / "w")
-    settings = dra_settings(root / "w", files / "w")
+    settings = dra_settings(root / "w", files / "w", cdi / "w" if cdi else None)
     plugin = DraPlugin(settings, node=NODE)
     plugin.update(snapshot, {})
     preparer = plugin.preparer
@@ -469,6 +474,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     files = (
         Path(tempfile.mkdtemp(prefix="drb-files", dir=args.files_dir)) if args.files_dir else root
     )
+    cdi = Path(tempfile.mkdtemp(prefix="drb-cdi", dir=args.cdi_dir)) if args.cdi_dir else None
     try:
         tree16, snapshot16 = sixteen(root / "s")  # rendering takes seconds: once for 3. and 4.
         return {
@@ -477,9 +483,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cpus": os.cpu_count(),
                 "platform": platform.platform(),
                 "files_fs": str(files),
+                "cdi_fs": str(cdi or files),
             },
-            "prepare": await prepare_latency(root / "p", files / "p", args.calls),
-            "writes": write_breakdown(root, files, args.writes),
+            "prepare": await prepare_latency(
+                root / "p", files / "p", args.calls, cdi / "p" if cdi else None
+            ),
+            "writes": write_breakdown(root, files, args.writes, cdi),
             "fault": {
                 "dra": await fault_latency(root / "fd", args.faults, args.poll_interval),
                 "device_plugin": await dp.fault_latency(
@@ -493,6 +502,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
         if files != root:
             shutil.rmtree(files, ignore_errors=True)
+        if cdi is not None:
+            shutil.rmtree(cdi, ignore_errors=True)
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -543,6 +554,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--files-dir",
         type=Path,
         help="put the CDI specs and checkpoint on this filesystem (default: under /tmp)",
+    )
+    parser.add_argument(
+        "--cdi-dir",
+        type=Path,
+        help="put the CDI specs on this filesystem instead, the checkpoint staying on "
+        "--files-dir: a node's layout is /var/run/cdi on a tmpfs and the checkpoint on disk "
+        "(e.g. --cdi-dir /dev/shm)",
     )
     parser.add_argument(
         "--smoke",
