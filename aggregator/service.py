@@ -47,7 +47,7 @@ from aggregator.fleet.state import Fleet
 from aggregator.fleet.store import SnapshotWriter, ensure_buckets, open_bucket
 from aggregator.fleet.views import nodes_by_state
 from aggregator.kube.client import KubeClient, KubeSettings
-from aggregator.kube.watch import ClaimWatcher
+from aggregator.kube.watch import ClaimWatcher, WatchSettings
 from aggregator.metrics import Metrics
 from aggregator.reconcile.apply import ConfigStore, open_config_bucket
 from aggregator.reconcile.loop import Reconciler, ReconcileSettings
@@ -127,6 +127,8 @@ class AggregatorSettings:
     # --dra-publish: the leader writes every node's rdma.nicfleet.io ResourceSlices (needs
     # `kube`; docs/dra.md "Who publishes the ResourceSlices"). Off: none are written.
     dra_publish: bool = False
+    # The cluster lists' periods and retries (pods, DRA objects: listed every pods_every_s).
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
 
 class AggregatorService:
@@ -265,7 +267,7 @@ class AggregatorService:
         cluster = await parts.open_cluster(
             stack, nc, settings.kube, policy_file=settings.policy_file,
             policies=settings.policies, policy_watch_interval=settings.policy_watch_interval,
-            leader_ttl=settings.leader_ttl,
+            leader_ttl=settings.leader_ttl, watch=settings.watch,
         )  # fmt: skip
         leader = LeaderElector(
             cluster.lease, LeaderSettings(identity=settings.identity, ttl_s=settings.leader_ttl)

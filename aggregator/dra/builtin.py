@@ -19,8 +19,23 @@ def _link(layer: str) -> str:
     return f'{_DRIVER} && has({attr}) && {attr} == "{layer}"'
 
 
+# Every class allocates only devices whose port is up, as the device plugin advertises only
+# healthy devices: without it the scheduler would hand out a NIC whose port is DOWN (a
+# stale node's devices read UNKNOWN and are passed over too).
+ACTIVE: Final = (
+    f'{_DRIVER} && has(device.attributes["{DRIVER}"].portState) '
+    f'&& device.attributes["{DRIVER}"].portState == "ACTIVE"'
+)
+
+
 def _cls(name: str, expression: str) -> DeviceClass:
-    return DeviceClass(name, (Selector(expression, f"class {name} selector #0"),))
+    return DeviceClass(
+        name,
+        (
+            Selector(expression, f"class {name} selector #0"),
+            Selector(ACTIVE, f"class {name} selector #1"),
+        ),
+    )
 
 
 CLASSES: Final = (

@@ -74,7 +74,8 @@ class _Filtered:
 
 
 def health(device: Device) -> str | None:
-    """None when allocatable, else why not (the contract's portState rule)."""
+    """None when the device's port is up, else why not (the contract's portState rule,
+    which nicfleet's DeviceClasses select on)."""
     if device.driver != DRIVER:
         return None
     state = device.attributes.get(PORT_STATE)
@@ -145,17 +146,23 @@ def _filter(
                 continue
             if ok:
                 kept.append(device)
-            else:
-                if _worth_naming(program, device):
-                    out.rejected.setdefault(program.selector.where, []).append(device)
+                continue
+            why = health(device) if _tests_port_state(program) else None
+            if why is not None:
+                # nicfleet's classes pass over a port that is not ACTIVE: say that, not
+                # "selector #1 rejects".
+                out.unhealthy.append((device, why))
+            elif _worth_naming(program, device):
+                out.rejected.setdefault(program.selector.where, []).append(device)
         alive = kept
-    for device in alive:
-        why = health(device)
-        if why is None:
-            out.candidates.append(device)
-        else:
-            out.unhealthy.append((device, why))
+    # What every selector keeps the scheduler may allocate, whatever its port: a class
+    # without a portState selector hands out a DOWN device (dra-claim-unhealthy-device).
+    out.candidates.extend(alive)
     return out
+
+
+def _tests_port_state(program: celenv.Compiled) -> bool:
+    return "portState" in program.selector.expression
 
 
 def _worth_naming(program: celenv.Compiled, device: Device) -> bool:
@@ -239,7 +246,7 @@ def _allocate(claim: Claim, chosen: Sequence[_Filtered]) -> list[list[Device]] |
         pools: list[list[Device]] = []
         for f, b in zip(chosen, bound, strict=True):
             fit = [d for d in f.candidates if all(_has(d, attr[i], wanted[i]) for i in b)]
-            if f.choice.mode == "All" and (f.unhealthy or len(fit) != len(f.candidates)):
+            if f.choice.mode == "All" and len(fit) != len(f.candidates):
                 break
             pools.append(fit)
         else:
@@ -311,7 +318,7 @@ def _first_fit(f: _Filtered) -> bool:
     if not f.candidates:
         return False
     if f.choice.mode == "All":
-        return not f.unhealthy
+        return True  # every device the selectors keep; those they pass over do not count
     return len(f.candidates) >= f.choice.count
 
 

@@ -28,6 +28,9 @@ from aggregator.dra.objects import InvalidObject, parse_class, parse_slice
 # 256 reservedFor entries, 128 devices per slice); the rest only bound hostile input.
 MAX_POD_CLAIMS: Final = 128
 MAX_HEALTH_ENTRIES: Final = 256  # allocatedResourcesStatus entries, and resources of each
+# Every container's devices together: 32 results per claim over a few claims and
+# containers is far below; the per-list caps alone multiply to millions.
+MAX_POD_HEALTH: Final = 4_096
 MAX_RESULTS: Final = 32
 MAX_RESERVED: Final = 256
 MAX_SLICE_DEVICES: Final = 128
@@ -70,7 +73,8 @@ def pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[PodC
 
 def claim_health(status: Mapping[str, Any]) -> tuple[ClaimHealth, ...]:
     """The kubelet's allocatedResourcesStatus entries named `claim:<entry>[/<request>]`
-    (KEP-4680), containers' and init containers', one ClaimHealth per device."""
+    (KEP-4680), containers' and init containers', one ClaimHealth per device, at most
+    MAX_POD_HEALTH in all."""
     found: list[ClaimHealth] = []
     for key in ("initContainerStatuses", "containerStatuses"):
         for container in _mappings(status.get(key), MAX_POD_CLAIMS):
@@ -80,6 +84,8 @@ def claim_health(status: Mapping[str, Any]) -> tuple[ClaimHealth, ...]:
             entries = _mappings(container.get("allocatedResourcesStatus"), MAX_HEALTH_ENTRIES)
             for entry in entries:
                 found.extend(_entry_health(name, entry))
+                if len(found) >= MAX_POD_HEALTH:
+                    return tuple(found[:MAX_POD_HEALTH])
     return tuple(found)
 
 

@@ -11,7 +11,7 @@ the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from aggregator.cluster import ClusterView, DraClaim, DraDevice, DraResult, PodRequest
@@ -40,13 +40,8 @@ def check_claim_unhealthy_device(given: RuleInput) -> list[Finding]:
     pods: dict[str, PodRequest] | None = None
     found: dict[tuple[str, str], Finding] = {}
     for claim in _allocated(given.cluster):
-        for result in _ours(claim):
-            node = result.pool
-            record = given.fleet.get(node)
-            key = (node, _subject(claim, result.device))
-            if record is None or key in found:
-                continue
-            entries = _entries(node, record)
+        for result, record, key in _fresh(claim, _ours(claim), given, found):
+            entries = _entries(result.pool, record)
             problem = None
             if entries is not None:
                 problem = device_problem(entries.get(result.device), stale=_silent(given, record))
@@ -90,9 +85,9 @@ def _unhealthy_finding(
     else:
         fix = (
             "delete the pods reserving the claim so that it is allocated again (a claim made "
-            "from a template goes with its pod); the scheduler passes over this device only "
-            f'when the request selects portState == "ACTIVE" (as {PORT_EXAMPLE} does): '
-            "nicfleet's DeviceClasses do not look at the port state"
+            "from a template goes with its pod); the scheduler then passes over this device: "
+            'nicfleet\'s DeviceClasses select portState == "ACTIVE" (a class of your own '
+            f"needs that selector too, as {PORT_EXAMPLE} spells it out)"
         )
     return Finding(
         rule=UNHEALTHY, severity="critical", node=node, subject=_subject(claim, device),
@@ -143,14 +138,11 @@ def check_claim_root_mismatch(given: RuleInput) -> list[Finding]:
         if published is None:  # only with a claim of both: most clusters have none
             published = {(d.driver, d.pool, d.name): d for d in given.cluster.dra_devices}
         roots = _other_roots(claim, others, published)
-        for result in ours:
-            node = result.pool
-            record = given.fleet.get(node)
-            here = roots.get(node)
-            key = (node, _subject(claim, result.device))
-            if record is None or not here or key in found:
+        for result, record, key in _fresh(claim, ours, given, found):
+            here = roots.get(result.pool)
+            if not here:
                 continue
-            entries = _entries(node, record)
+            entries = _entries(result.pool, record)
             root, source = _nic_root(result, published, entries)
             if root is None or root in here.values():
                 continue
@@ -242,6 +234,22 @@ def _allocated(cluster: ClusterView) -> Iterator[DraClaim]:
 
 def _ours(claim: DraClaim) -> Iterator[DraResult]:
     return (r for r in claim.results if r.driver == DRIVER)
+
+
+def _fresh(
+    claim: DraClaim,
+    results: Iterable[DraResult],
+    given: RuleInput,
+    found: Mapping[tuple[str, str], Finding],
+) -> Iterator[tuple[DraResult, NodeRecord, tuple[str, str]]]:
+    """Each of the claim's results of ours on a node of the fleet (its pool) that has no
+    finding yet, with the node's record and the finding's key. Read lazily: a finding the
+    caller adds for one result holds back a repeat of the same device."""
+    for result in results:
+        record = given.fleet.get(result.pool)
+        key = (result.pool, _subject(claim, result.device))
+        if record is not None and key not in found:
+            yield result, record, key
 
 
 _ENTRIES: Final[NodeMemo[Entries]] = NodeMemo()

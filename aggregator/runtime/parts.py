@@ -40,7 +40,7 @@ from aggregator.errors import AggregatorError, SettingsError, StoreError
 from aggregator.fleet.ingest import Ingest
 from aggregator.fleet.store import SnapshotWriter
 from aggregator.kube.client import KubeClient, KubeSettings
-from aggregator.kube.watch import ClusterWatcher
+from aggregator.kube.watch import ClusterWatcher, WatchSettings
 from aggregator.metrics import JoinMetrics
 from aggregator.reconcile.loop import Reconciler
 from aggregator.reconcile.policies import ClusterPolicies, FilePolicies, PolicySource
@@ -138,6 +138,7 @@ async def open_cluster(
     policies: tuple[Policy, ...],
     policy_watch_interval: float,
     leader_ttl: float,
+    watch: WatchSettings,
 ) -> Cluster:
     if kube_settings is None:
         return Cluster(
@@ -149,7 +150,7 @@ async def open_cluster(
         )
     kube = await KubeClient.connect(kube_settings)
     closing(stack, "Kubernetes client", kube.close)
-    watcher = ClusterWatcher(kube)
+    watcher = ClusterWatcher(kube, watch)
     return Cluster(
         kube=kube,
         watcher=watcher,

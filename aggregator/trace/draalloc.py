@@ -19,6 +19,7 @@ from aggregator.dra.celenv import CelCompileError
 from aggregator.dra.explain import Explanation, NodeResult, explain
 from aggregator.dra.nodedevices import device_problem, node_devices, node_slice_settings
 from aggregator.dra.objects import Claim, Device, DeviceClass, InvalidObject, Selector, parse_claim
+from aggregator.fleet.state import NodeRecord
 from aggregator.fleet.views import node_state
 from aggregator.trace.draclaim import ClaimContext, rdma_name
 from aggregator.trace.host import link_broken, link_degraded, link_ok, link_unknown
@@ -35,10 +36,6 @@ NOT_ALLOCATED: Final = "the claim is not allocated"
 _Key = tuple[str, str, str]  # driver, pool, device
 
 
-def _published(ctx: ClaimContext) -> dict[_Key, DraDevice]:
-    return {(d.driver, d.pool, d.name): d for d in ctx.cluster.dra_devices}
-
-
 def _key(result: DraResult) -> _Key:
     return result.driver, result.pool, result.device
 
@@ -49,7 +46,7 @@ def slice_published_link(ctx: ClaimContext) -> Link:
     claim = ctx.claim
     if claim is None:
         return link_unknown(SLICE_LINK, reason="no ResourceClaim")
-    published = _published(ctx)
+    published = ctx.published
     if not claim.allocated:
         nodes = sorted({d.node or d.pool for d in ctx.cluster.dra_devices if d.driver == DRIVER})
         if not nodes:
@@ -99,27 +96,33 @@ def device_healthy_link(ctx: ClaimContext) -> Link:
     ours = ctx.ours
     if not ours:
         return link_unknown(HEALTHY_LINK, reason=f"no {DRIVER} device allocated")
+    published = ctx.published
     entries: dict[str, Mapping[str, Mapping[str, Any]] | None] = {}
     problems: dict[str, list[str]] = {}
     devices: dict[str, dict[str, Any]] = {}
+    plugin_says: dict[str, str] = {}
     for r in ours:
-        if r.pool not in entries:
-            entries[r.pool] = _node_entries(ctx, r.pool)
-        found = entries[r.pool]
-        record = ctx.fleet.get(r.pool)
+        node = _device_node(r, published)
+        if node not in entries:
+            entries[node] = _node_entries(ctx, node)
+        found = entries[node]
+        record = ctx.fleet.get(node)
         if found is None or record is None:
-            agent: str | None = f"no inventory from an agent on {r.pool}"
+            agent: str | None = f"no inventory from an agent on {node}"
         else:
             stale = node_state(record, ctx.now, ctx.stale_after) == "stale"
             agent = device_problem(found.get(r.device), stale=stale)
+            said_by_plugin = _plugin_unhealthy(record).get(r.device)
+            if said_by_plugin is not None:
+                plugin_says[r.device] = said_by_plugin
         kubelet = ctx.unhealthy_by_kubelet(r)
         said = [agent] if agent is not None else []
         if kubelet:
             said.append(f"the kubelet reports it Unhealthy ({', '.join(kubelet)})")
-        devices[r.device] = {"node": r.pool, "problem": agent, "kubelet_unhealthy": kubelet}
+        devices[r.device] = {"node": node, "problem": agent, "kubelet_unhealthy": kubelet}
         if said:
             problems[r.device] = said
-    evidence: dict[str, Any] = {"devices": devices, "agent_unhealthy": _agent_unhealthy(ctx)}
+    evidence: dict[str, Any] = {"devices": devices, "agent_unhealthy": plugin_says}
     if not problems:
         return link_ok(HEALTHY_LINK, **evidence)
     named = "; ".join(f"{d}: {', '.join(why)}" for d, why in sorted(problems.items()))
@@ -142,10 +145,18 @@ def _node_entries(ctx: ClaimContext, node: str) -> Mapping[str, Mapping[str, Any
     return node_devices(record.snapshot, settings)
 
 
-def _agent_unhealthy(ctx: ClaimContext) -> dict[str, str]:
-    record = ctx.fleet.get(ctx.node) if ctx.node is not None else None
-    plugin = record.device_plugin if record is not None else None
-    return dict(plugin.dra.unhealthy) if plugin is not None and plugin.dra is not None else {}
+def _device_node(result: DraResult, published: Mapping[_Key, DraDevice]) -> str:
+    """The node a device of ours is on: its slice's nodeName, else its pool's name (ours
+    are named after their node; another publisher's pool need not be)."""
+    device = published.get(_key(result))
+    return (device.node if device is not None else None) or result.pool
+
+
+def _plugin_unhealthy(record: NodeRecord) -> Mapping[str, str]:
+    """What the node's own DRA plugin reports unhealthy; the trace quotes only the claim's
+    devices from it (an agent's list is as long as it makes it)."""
+    plugin = record.device_plugin
+    return plugin.dra.unhealthy if plugin is not None and plugin.dra is not None else {}
 
 
 def _health_fix(problems: Mapping[str, list[str]]) -> str:
@@ -276,7 +287,7 @@ def _allocated(ctx: ClaimContext, claim: DraClaim) -> Link:
         evidence["constraints"] = f"not read: {exc}"
     if parsed is None or not parsed.constraints:
         return link_ok(ALLOCATED_LINK, **evidence)
-    published = _published(ctx)
+    published = ctx.published
     checks: dict[str, Any] = {}
     broken: list[tuple[str, dict[str, Any]]] = []
     for c in parsed.constraints:

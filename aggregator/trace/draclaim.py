@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final
 
-from aggregator.cluster import ClusterView, DraClaim, DraResult, PodClaim, PodRequest
+from aggregator.cluster import ClusterView, DraClaim, DraDevice, DraResult, PodClaim, PodRequest
 from aggregator.fleet.state import NodeRecord
 from aggregator.trace.host import link_broken, link_degraded, link_ok, link_unknown
 from proto.dranames import DRIVER, InvalidDeviceName, rdma_device_of
@@ -23,6 +24,9 @@ CLAIM_LINK: Final = "claim"
 PREPARED_LINK: Final = "prepared"
 POD_LINK: Final = "pod"
 UNHEALTHY: Final = "Unhealthy"  # ClaimHealth.health as the kubelet reports it
+# A finished pod's claims are released: the resourceclaim controller drops the pod from
+# reservedFor and deletes a template's claim, the kubelet unprepares them. Not faults.
+FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
 NO_DRA: Final = (
     "the aggregator sees no resource.k8s.io/v1 API (the cluster does not serve it, or the "
     "aggregator may not list ResourceClaims)"
@@ -39,9 +43,24 @@ class ClaimContext:
     now: float
     stale_after: float
 
+    @cached_property
+    def published(self) -> Mapping[tuple[str, str, str], DraDevice]:
+        """Every driver's published devices by (driver, pool, name): built once per chain,
+        read by several links."""
+        return {(d.driver, d.pool, d.name): d for d in self.cluster.dra_devices}
+
     @property
     def pod_ref(self) -> str:
         return f"{self.pod.namespace}/{self.pod.name}"
+
+    @property
+    def released(self) -> str | None:
+        """Why the pod's claim may be gone or unprepared: the pod finished (else None)."""
+        phase = self.pod.phase
+        if phase not in FINISHED_PHASES:
+            return None
+        return f"the pod is {phase}: its claim is released (unreserved, unprepared; a claim "
+        "made from a template is deleted)"
 
     @property
     def ours(self) -> tuple[DraResult, ...]:
@@ -103,6 +122,8 @@ def claim_link(ctx: ClaimContext) -> Link:
             **evidence,
         )
     claim = ctx.claim
+    if ctx.released is not None and (claim is None or claim.deleting):
+        return link_unknown(CLAIM_LINK, reason=ctx.released, **evidence)
     if claim is None:
         return link_broken(
             CLAIM_LINK,
@@ -173,6 +194,8 @@ def prepared_link(ctx: ClaimContext) -> Link:
             failed_at=failed.at,
             **evidence,
         )
+    if ctx.released is not None:
+        return link_unknown(PREPARED_LINK, reason=ctx.released, **evidence)
     running = ctx.pod.phase == "Running"
     if dra.state != "registered" and not running:
         error = f": {dra.error}" if dra.error else ""
@@ -200,6 +223,8 @@ def pod_link(ctx: ClaimContext) -> Link:
             POD_LINK, reason="the pod is not scheduled (see scheduling)", **evidence
         )
     if claim.allocated and ctx.pod_ref not in claim.reserved_for:
+        if ctx.released is not None:
+            return link_unknown(POD_LINK, reason=ctx.released, **evidence)
         if pod.phase == "Running":
             # The kubelet prepares a claim only for a pod in its reservedFor: a running pod
             # was reserved; the claim was listed before (pods and claims are listed apart).

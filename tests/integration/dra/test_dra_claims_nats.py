@@ -23,14 +23,11 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
-from agent.deviceplugin.registration import Backoff
 from agent.dra.claimsnats import NatsClaims
-from agent.dra.pluginrunner import DraPlugin, DraSettings
+from agent.dra.pluginrunner import DraPlugin
 from agent.host.inventory import collect_port_states, collect_snapshot
 from agent.host.sysfs import Sysfs
 from agent.lab.kubeletdra import DraKubeletEmulator, claim_object
-from agent.lab.render import render
-from agent.lab.spec import load_builtin, with_node_name
 from agent.service import AgentService, AgentSettings
 from aggregator.bus.claimanswer import ClaimFeed
 from aggregator.bus.natsserver import NatsServer
@@ -38,6 +35,7 @@ from aggregator.dra.claims import ClaimIndex
 from aggregator.kube.client import KubeClient, KubeSettings
 from aggregator.kube.watch import ClaimWatcher, WatchSettings
 from proto.runtime.natsconnect import agent_inbox_prefix
+from tests.integration.dra.fixtures import lab_dra_settings
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
@@ -89,20 +87,9 @@ def allocated(claim: tuple[str, str, str], pool: str, device: str) -> dict[str, 
 
 
 def plugin_for(root: Path, nc: NatsClient) -> DraPlugin:
-    tree = root / "sys"
-    render(with_node_name(load_builtin("roce-cx6dx"), NODE), tree)
-    settings = DraSettings(
-        plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        state_dir=root / "state",
-        claims_from="nats",
-        watch_interval=0.02,
-        backoff=Backoff(initial=0.05, maximum=0.5),
-    )
-    settings.plugins_registry_dir.mkdir(parents=True)
+    settings = lab_dra_settings(root, NODE)
     plugin = DraPlugin(settings, node=NODE, source=NatsClaims(lambda: nc, node=NODE, timeout=1))
-    sysfs = Sysfs(tree)
+    sysfs = Sysfs(root / "sys")
     snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
     plugin.update(snapshot, collect_port_states(sysfs))
     return plugin
@@ -169,21 +156,11 @@ async def test_prepare_with_claims_from_the_aggregator(
 async def test_the_agent_asks_the_aggregator_by_default_over_its_own_connection(
     nats_server: NatsServer, short_dir: Path
 ) -> None:
-    tree = short_dir / "sys"
-    render(with_node_name(load_builtin("roce-cx6dx"), NODE), tree)
-    dra = DraSettings(
-        plugins_dir=short_dir / "plugins",
-        plugins_registry_dir=short_dir / "registry",
-        cdi_dir=short_dir / "cdi",
-        state_dir=short_dir / "state",
-        claims_from="nats",
-        watch_interval=0.02,
-        backoff=Backoff(initial=0.05, maximum=0.5),
-    )
-    dra.plugins_registry_dir.mkdir(parents=True)
+    dra = lab_dra_settings(short_dir, NODE)
     settings = AgentSettings(
-        node_name=NODE, sysfs_root=tree, nats_url=nats_server.url, netlink=False, dra=dra
-    )
+        node_name=NODE, sysfs_root=short_dir / "sys", nats_url=nats_server.url, netlink=False,
+        dra=dra,
+    )  # fmt: skip
     index = ClaimIndex()
     index.replace([allocated(CLAIM_A, NODE, "mlx5-1")])
     aggregator = await nats.connect(nats_server.url)

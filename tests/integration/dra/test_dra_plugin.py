@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from proto import subjects
 from proto.codec import decode
 from proto.dra import health_pb2, healthv1alpha1_pb2, healthv1alpha1_pb2_grpc
 from proto.draslices import SliceSettings
+from proto.inventory import NodeSnapshot
 from proto.messages.status import DevicePluginStatus
 from tests.support.waits import wait_until
 
@@ -93,12 +95,29 @@ def lab_node(root: Path) -> Path:
     return tree
 
 
+@dataclass(frozen=True)
+class FedPlugin:
+    """A plugin fed the lab node's snapshot and port states once, as the agent starts."""
+
+    plugin: DraPlugin
+    tree: Path
+    snapshot: NodeSnapshot
+
+    def port_poll(self) -> None:
+        """The agent's port poll: port states read now beside the snapshot of the start,
+        so only the port states can carry a fault."""
+        self.plugin.update(self.snapshot, collect_port_states(Sysfs(self.tree)))
+
+
+def fed(settings: DraSettings, tree: Path) -> FedPlugin:
+    snapshot = collect_snapshot(Sysfs(tree), node=NODE, seq=1, now=0.0, agent_version="t")
+    started = FedPlugin(DraPlugin(settings, node=NODE), tree, snapshot)
+    started.port_poll()
+    return started
+
+
 def fed_plugin(settings: DraSettings, tree: Path) -> DraPlugin:
-    sysfs = Sysfs(tree)
-    plugin = DraPlugin(settings, node=NODE)
-    snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
-    plugin.update(snapshot, collect_port_states(sysfs))
-    return plugin
+    return fed(settings, tree).plugin
 
 
 def allocate(settings: DraSettings, claim: tuple[str, str, str], *devices: str) -> None:
@@ -204,9 +223,8 @@ async def test_bad_claims_answer_per_claim_and_a_hostile_kubelet_is_bounded(
 async def test_health_stream_follows_a_lab_port_fault(short_dir: Path) -> None:
     settings = dra_settings(short_dir)
     tree = lab_node(short_dir)
-    plugin = fed_plugin(settings, tree)
-    sysfs = Sysfs(tree)
-    snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
+    node = fed(settings, tree)
+    plugin = node.plugin
     async with DraKubeletEmulator(settings.plugins_registry_dir) as kubelet, serving(plugin):
         conn = await kubelet.plugin(DRIVER)
         healthy = await conn.wait_health(lambda r: len(r.devices) == 4)
@@ -214,7 +232,7 @@ async def test_health_stream_follows_a_lab_port_fault(short_dir: Path) -> None:
         assert {d.device.pool_name for d in healthy.devices} == {NODE}
 
         faults.port_down(tree, "mlx5_1", 1)
-        plugin.update(snapshot, collect_port_states(sysfs))  # the agent's port poll
+        node.port_poll()  # the agent's port poll
         down = await conn.wait_health(lambda r: health_of(r)["mlx5-1"] == health_pb2.UNHEALTHY)
         assert len(down.devices) == 4  # every message lists every device
         assert [d.message for d in down.devices if d.health == health_pb2.UNHEALTHY] == [
@@ -223,7 +241,7 @@ async def test_health_stream_follows_a_lab_port_fault(short_dir: Path) -> None:
         assert conn.unhealthy() == ("mlx5-1",)
 
         faults.port_up(tree, "mlx5_1", 1)
-        plugin.update(snapshot, collect_port_states(sysfs))
+        node.port_poll()
         await conn.wait_health(lambda r: set(health_of(r).values()) == {health_pb2.HEALTHY})
 
 
@@ -245,15 +263,14 @@ async def test_a_kubelet_restart_re_registers(short_dir: Path) -> None:
 async def test_share_copies_carry_their_devices_health(short_dir: Path) -> None:
     settings = dra_settings(short_dir, slices=SliceSettings(sharing="copies", share=2))
     tree = lab_node(short_dir)
-    plugin = fed_plugin(settings, tree)
-    sysfs = Sysfs(tree)
-    snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
+    node = fed(settings, tree)
+    plugin = node.plugin
     async with DraKubeletEmulator(settings.plugins_registry_dir) as kubelet, serving(plugin):
         conn = await kubelet.plugin(DRIVER)
         healthy = await conn.wait_health(lambda r: len(r.devices) == 8)
         assert sorted(health_of(healthy)) == [f"mlx5-{i}-s{c}" for i in range(4) for c in (0, 1)]
         faults.port_down(tree, "mlx5_1", 1)
-        plugin.update(snapshot, collect_port_states(sysfs))
+        node.port_poll()
         await conn.wait_health(lambda r: health_of(r)["mlx5-1-s1"] == health_pb2.UNHEALTHY)
         assert conn.unhealthy() == ("mlx5-1-s0", "mlx5-1-s1")
 
@@ -335,9 +352,8 @@ async def test_the_lab_kubelet_runner_writes_what_its_dra_side_sees(short_dir: P
     settings = dra_settings(short_dir)
     tree = lab_node(short_dir)
     state_file = settings.plugins_registry_dir / kubeletrun.DRA_STATE_FILE
-    plugin = fed_plugin(settings, tree)
-    sysfs = Sysfs(tree)
-    snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
+    node = fed(settings, tree)
+    plugin = node.plugin
 
     def state() -> dict[str, Any]:
         if not state_file.exists():
@@ -351,7 +367,7 @@ async def test_the_lab_kubelet_runner_writes_what_its_dra_side_sees(short_dir: P
         try:
             await wait_until(lambda: len(state().get(DRIVER, {}).get("devices", [])) == 4)
             faults.port_down(tree, "mlx5_3", 1)
-            plugin.update(snapshot, collect_port_states(sysfs))
+            node.port_poll()
             await wait_until(lambda: state()[DRIVER]["unhealthy"] == ["mlx5-3"])
         finally:
             stop.set()

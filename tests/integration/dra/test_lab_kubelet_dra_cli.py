@@ -11,20 +11,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.deviceplugin.registration import Backoff
-from agent.dra.pluginrunner import DraPlugin, DraSettings
+from agent.dra.pluginrunner import DraPlugin
 from agent.host.inventory import collect_port_states, collect_snapshot
 from agent.host.sysfs import Sysfs
 from agent.lab.kubeletrun import DRA_STATE_FILE, STATE_FILE
-from agent.lab.render import render
-from agent.lab.spec import load_builtin, with_node_name
+from tests.integration.dra.fixtures import lab_dra_settings, running
 from tests.support.paths import REPO
 from tests.support.waits import wait_until
 
@@ -44,31 +41,10 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@asynccontextmanager
-async def serving(plugin: DraPlugin) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(plugin.run(stop))
-        try:
-            yield
-        finally:
-            stop.set()
-
-
 def _plugin(root: Path) -> DraPlugin:
-    tree = root / "sys"
-    render(with_node_name(load_builtin("roce-cx6dx"), NODE), tree)
-    settings = DraSettings(
-        plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        state_dir=root / "state",
-        claims_dir=root / "claims",
-        watch_interval=0.02,
-        backoff=Backoff(initial=0.05, maximum=0.5),
-    )
+    settings = lab_dra_settings(root, NODE, claims_from="dir")
     plugin = DraPlugin(settings, node=NODE)
-    sysfs = Sysfs(tree)
+    sysfs = Sysfs(root / "sys")
     snapshot = collect_snapshot(sysfs, node=NODE, seq=1, now=0.0, agent_version="t")
     plugin.update(snapshot, collect_port_states(sysfs))
     return plugin
@@ -93,7 +69,7 @@ async def test_the_process_registers_the_dra_plugin_and_cleans_up(short_dir: Pat
         await wait_until(lambda: (registry / DRA_STATE_FILE).exists(), what="DRA state file")
         assert _drivers(registry) == {}
         plugin = _plugin(short_dir)
-        async with serving(plugin):
+        async with running(plugin):
             await wait_until(
                 lambda: len(_drivers(registry).get(DRIVER, {}).get("devices", [])) == 4,
                 what="the plugin's devices in the DRA state file",

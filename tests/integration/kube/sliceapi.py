@@ -1,5 +1,6 @@
 """kmock as the API server is for ResourceSlices, shared by the publisher's integration
-tests, the DRA end-to-end test and bench/dra_latency.py.
+tests, the DRA end-to-end test and bench/dra_latency.py; `aggregator_api` declares what
+the AggregatorService lists and watches besides (with `dra`, the DRA objects too).
 
 kmock stores objects but knows no resourceVersion and no PUT: `ApiServer` adds what the
 API server does for ResourceSlices (a new resourceVersion on every write, 409 for a
@@ -13,14 +14,31 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import aiohttp.web
 import attrs
 import kmock
 
 SLICES = "resource.k8s.io/v1/resourceslices"
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
+CLASSES = "resource.k8s.io/v1/deviceclasses"
 PATH = f"/apis/{SLICES}"
+# What an AggregatorService with `kube` lists and watches: (path, kind, namespaced).
+AGGREGATOR_RESOURCES: Final = (
+    (SLICES, "ResourceSlice", False),
+    ("nicfleet.io/v1alpha1/nicfleetpolicies", "NicFleetPolicy", False),
+    ("v1/nodes", "Node", False),
+    ("v1/pods", "Pod", True),
+    ("v1/events", "Event", True),
+    ("coordination.k8s.io/v1/leases", "Lease", True),
+)
+# Its DRA lists (the claim answerer's watch, the trace's claims and classes): without
+# both, the cluster view has no DRA (`dra_present` False).
+DRA_RESOURCES: Final = (
+    (CLAIMS, "ResourceClaim", True),
+    (CLASSES, "DeviceClass", False),
+)
 
 
 def status(code: int, reason: str) -> aiohttp.web.Response:
@@ -92,6 +110,17 @@ class ApiServer(kmock.KubernetesEmulator):
 def slices_api() -> ApiServer:
     api = ApiServer()
     api.resources[SLICES] = kmock.ResourceInfo(kind="ResourceSlice", namespaced=False)
+    return api
+
+
+def aggregator_api(node: str, *, node_uid: str | None = None, dra: bool = False) -> ApiServer:
+    """kmock with what the aggregator lists and watches (with `dra`, ResourceClaims and
+    DeviceClasses too) and `node`'s Node object (the slices' owner when it has `node_uid`)."""
+    api = ApiServer()
+    for path, kind, namespaced in (*AGGREGATOR_RESOURCES, *(DRA_RESOURCES if dra else ())):
+        api.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=namespaced)
+    metadata = {"name": node} | ({"uid": node_uid} if node_uid is not None else {})
+    api.objects["v1/nodes", None, node] = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
     return api
 
 

@@ -30,12 +30,17 @@ from aggregator.service import AggregatorService, AggregatorSettings
 from proto.inventory import NodeSnapshot
 from proto.messages.status import DevicePluginStatus, DraPluginStatus, DraSliceConfig
 from tests.integration.agent.test_pipeline import agent, lab_node
-from tests.integration.kube.sliceapi import SLICES, ApiServer, port_state, slices_api
+from tests.integration.kube.sliceapi import (
+    SLICES,
+    ApiServer,
+    aggregator_api,
+    port_state,
+    slices_api,
+)
 from tests.support.builders import T0, nic, port_event, snapshot
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
-__all__ = ["SLICES", "ApiServer", "port_state"]  # tests/integration/dra imports them from here
 
 OURS = "gpu-001-rdma-nicfleet-io-0"
 
@@ -251,21 +256,7 @@ async def test_the_aggregator_with_dra_publish_publishes_a_lab_agents_slices(
     """End to end: a lab agent's snapshot and port event over NATS, the leader's
     publisher, the API."""
     name = "kube-roce-01"
-    api = ApiServer()
-    api.resources[SLICES] = kmock.ResourceInfo(kind="ResourceSlice", namespaced=False)
-    for path, kind, namespaced in [
-        ("nicfleet.io/v1alpha1/nicfleetpolicies", "NicFleetPolicy", False),
-        ("v1/nodes", "Node", False),
-        ("v1/pods", "Pod", True),
-        ("v1/events", "Event", True),
-        ("coordination.k8s.io/v1/leases", "Lease", True),
-    ]:
-        api.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=namespaced)
-    api.objects["v1/nodes", None, name] = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "uid": UID},
-    }
+    api = aggregator_api(name, node_uid=UID)
     api.put_slice(foreign_slice() | {"metadata": {"name": "theirs"}})
     root = lab_node(tmp_path, "roce-cx6dx", name)
     slice_name = f"{name}-rdma-nicfleet-io-0"

@@ -220,7 +220,8 @@ async def test_the_view_holds_claims_slices_classes_and_the_pods_claims() -> Non
 
     classes = {c.name: c.selectors for c in view.device_classes}
     assert set(classes) == {GPU, RDMA, "ib.rdma.nicfleet.io", "roce.rdma.nicfleet.io"}
-    assert classes[RDMA] == ('device.driver == "rdma.nicfleet.io"',)
+    assert classes[RDMA][0] == 'device.driver == "rdma.nicfleet.io"'
+    assert 'portState == "ACTIVE"' in classes[RDMA][1]  # every class: up ports only
 
     (pod,) = view.pods
     assert pod.requests == {} and pod.networks == ()

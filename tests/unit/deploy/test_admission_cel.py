@@ -27,7 +27,7 @@ from aggregator.validations.record import (
 )
 from aggregator.validations.request import ValidationRequest
 from proto.messages.validation import ValidationRole
-from tests.unit.deploy import admission
+from tests.unit.deploy import admission, policies
 from tests.unit.deploy.rendered import find, render
 
 AGGREGATOR = "system:serviceaccount:nicfleet-system:nicfleet-aggregator"
@@ -41,23 +41,11 @@ POLICIES = (
 
 
 def policy(name: str) -> dict[str, Any]:
-    result: dict[str, Any] = find(render(""), "ValidatingAdmissionPolicy", name)
-    return result
+    return policies.policy("", name)
 
 
 def binding(name: str) -> dict[str, Any]:
-    result: dict[str, Any] = find(render(""), "ValidatingAdmissionPolicyBinding", name)
-    return result
-
-
-def expressions(doc: dict[str, Any]) -> list[str]:
-    spec = doc["spec"]
-    return [
-        *(c["expression"] for c in spec.get("matchConditions", [])),
-        *(v["expression"] for v in spec.get("variables", [])),
-        *(v["expression"] for v in spec["validations"]),
-        *(v["messageExpression"] for v in spec["validations"] if "messageExpression" in v),
-    ]
+    return policies.binding("", name)
 
 
 @pytest.mark.parametrize("target", ["", "overlays/cdi", "overlays/nicclusterpolicy-import"])
@@ -78,7 +66,7 @@ def test_every_overlay_binds_every_policy_to_deny(target: str) -> None:
 def test_every_expression_is_standard_cel() -> None:
     """Compiles, and uses only functions standard CEL and Kubernetes share: the results
     here are what the API server computes."""
-    found = [e for n in POLICIES for e in expressions(policy(n))]
+    found = [e for n in POLICIES for e in policies.expressions(policy(n))]
     assert len(found) >= 15
     for expression in found:
         admission.check_standard(expression)
@@ -405,13 +393,8 @@ def node_decision(
     operation: str = "UPDATE",
     username: str = AGGREGATOR,
 ) -> admission.Decision:
-    return admission.admit(
-        policy("nicfleet-aggregator-node-labels"),
-        resource="nodes",
-        operation=operation,
-        username=username,
-        obj=new,
-        old=old,
+    return policies.decide(
+        policy("nicfleet-aggregator-node-labels"), "nodes", operation, new, old, username=username
     )
 
 

@@ -12,9 +12,8 @@ from typing import Any, Final
 
 import pytest
 
-from proto import dranames
-from tests.unit.deploy import admission
-from tests.unit.deploy.rendered import find, render
+from tests.unit.deploy import admission, policies
+from tests.unit.deploy.policies import slice_of
 
 TARGET: Final = "overlays/dra-agent-publish"
 NAME: Final = "nicfleet-agent-resourceslices"
@@ -27,26 +26,7 @@ POOL_RULE: Final = "an agent's ResourceSlices are in the pool named after its no
 
 
 def policy() -> dict[str, Any]:
-    found: dict[str, Any] = find(render(TARGET), "ValidatingAdmissionPolicy", NAME)
-    return found
-
-
-def slice_of(node: str | None, *, driver: str = dranames.DRIVER, pool: str | None = None) -> Any:
-    spec: dict[str, Any] = {
-        "driver": driver,
-        "pool": {"name": pool or node or "shared", "generation": 1, "resourceSliceCount": 1},
-        "devices": [{"name": "mlx5-0", "attributes": {"linkLayer": {"string": "InfiniBand"}}}],
-    }
-    if node is None:
-        spec["allNodes"] = True
-    else:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node or 'shared'}-{driver}-abcde"},
-        "spec": spec,
-    }
+    return policies.policy(TARGET, NAME)
 
 
 def decide(
@@ -57,28 +37,14 @@ def decide(
     username: str = AGENT,
     node: str | None = "gpu-a",
 ) -> admission.Decision:
-    return admission.admit(
-        policy(),
-        resource="resourceslices",
-        operation=operation,
-        username=username,
-        obj=new,
-        old=old,
-        extra=None if node is None else {NODE_CLAIM: [node]},
+    extra = None if node is None else {NODE_CLAIM: [node]}
+    return policies.decide(
+        policy(), "resourceslices", operation, new, old, username=username, extra=extra
     )
 
 
-def expressions() -> list[str]:
-    spec = policy()["spec"]
-    return [
-        *(c["expression"] for c in spec["matchConditions"]),
-        *(v["expression"] for v in spec["variables"]),
-        *(v["expression"] for v in spec["validations"]),
-    ]
-
-
 def test_the_overlay_binds_the_policy_to_deny() -> None:
-    binding = find(render(TARGET), "ValidatingAdmissionPolicyBinding", NAME)
+    binding = policies.binding(TARGET, NAME)
     assert binding["spec"] == {"policyName": NAME, "validationActions": ["Deny"]}
     assert policy()["spec"]["failurePolicy"] == "Fail"
     ((rule,),) = [policy()["spec"]["matchConstraints"]["resourceRules"]]
@@ -87,7 +53,7 @@ def test_the_overlay_binds_the_policy_to_deny() -> None:
 
 
 def test_every_expression_is_standard_cel() -> None:
-    found = expressions()
+    found = policies.expressions(policy())
     assert len(found) == 7
     for expression in found:
         admission.check_standard(expression)
@@ -149,13 +115,8 @@ def test_anything_else_is_refused_by_its_rule(
     ],
 )
 def test_a_token_without_exactly_one_node_writes_nothing(extra: Any) -> None:
-    decision = admission.admit(
-        policy(),
-        resource="resourceslices",
-        operation="CREATE",
-        username=AGENT,
-        obj=slice_of("gpu-a"),
-        extra=extra,
+    decision = policies.decide(
+        policy(), "resourceslices", "CREATE", slice_of("gpu-a"), username=AGENT, extra=extra
     )
     assert decision.applies
     assert decision.refused[0] == NO_NODE
@@ -183,12 +144,12 @@ def test_the_node_comparison_bites() -> None:
     loose["spec"]["validations"] = [
         v for v in loose["spec"]["validations"] if v["message"] != OWN_NODE
     ]
-    decision = admission.admit(
+    decision = policies.decide(
         loose,
-        resource="resourceslices",
-        operation="CREATE",
+        "resourceslices",
+        "CREATE",
+        slice_of("gpu-b", pool="gpu-a"),
         username=AGENT,
-        obj=slice_of("gpu-b", pool="gpu-a"),
         extra={NODE_CLAIM: ["gpu-a"]},
     )
     assert decision.allowed

@@ -86,11 +86,23 @@ def test_count(count: int, ok01: bool, ok02: bool) -> None:
         assert "mlx5-3 port DOWN" in why
 
 
-def test_allocation_mode_all_refuses_a_node_with_a_down_matching_device() -> None:
+def test_allocation_mode_all_takes_the_devices_the_class_keeps() -> None:
+    # nicfleet's classes pass over a port that is not ACTIVE: All is every ACTIVE device.
     got = by_node(explain(claim(request("nics", IB, allocationMode="All")), CLASSES, FLEET))
     assert got["gpu-ib-01"].requests[0].devices == ("mlx5-0", "mlx5-1")
-    assert not got["gpu-ib-02"].ok
-    assert "mlx5-3 port DOWN" in got["gpu-ib-02"].requests[0].why
+    ib02 = got["gpu-ib-02"]
+    assert ib02.ok and "mlx5-3" not in ib02.requests[0].devices
+
+
+def test_a_class_without_a_port_state_selector_allocates_a_down_device() -> None:
+    # What the scheduler does: a DOWN device the selectors keep is allocatable (the
+    # dra-claim-unhealthy-device rule then fires); explain says so rather than refusing it.
+    link_layer = CLASSES[IB].selectors[0]  # ib.rdma.nicfleet.io without its portState one
+    bare = DeviceClass("any-ib", (Selector(link_layer.expression, "class any-ib selector #0"),))
+    got = by_node(explain(claim(request("nic", "any-ib", count=2)), {**CLASSES, "any-ib": bare},
+                          FLEET))  # fmt: skip
+    assert got["gpu-ib-02"].ok
+    assert got["gpu-ib-02"].requests[0].devices == ("mlx5-3", "mlx5-4")
 
 
 def test_request_selector_names_itself_when_it_rejects() -> None:

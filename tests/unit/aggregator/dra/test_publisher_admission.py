@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 
 from aggregator.dra.publishplan import PoolSource, owned, plan
-from proto import dranames
 from proto.draslices import SliceSettings
 from tests.support.builders import nic, snapshot
-from tests.unit.deploy import admission
+from tests.unit.deploy import admission, policies
+from tests.unit.deploy.policies import slice_of
 from tests.unit.deploy.rendered import find, render
 
 TARGET: Final = "overlays/dra"
@@ -28,46 +28,17 @@ POOL_RULE: Final = "the aggregator's ResourceSlices are in the pool named after 
 
 
 def policy() -> dict[str, Any]:
-    found: dict[str, Any] = find(render(TARGET), "ValidatingAdmissionPolicy", NAME)
-    return found
-
-
-def slice_of(
-    node: str | None, *, driver: str = dranames.DRIVER, pool: str | None = None
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "driver": driver,
-        "pool": {"name": pool or node or "shared", "generation": 1, "resourceSliceCount": 1},
-        "devices": [{"name": "mlx5-0", "attributes": {"linkLayer": {"string": "InfiniBand"}}}],
-    }
-    if node is None:
-        spec["allNodes"] = True
-    else:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node or 'shared'}-{driver.replace('.', '-')}-0"},
-        "spec": spec,
-    }
+    return policies.policy(TARGET, NAME)
 
 
 def decide(
     operation: str, new: Any, old: Any = None, *, username: str = AGGREGATOR
 ) -> admission.Decision:
-    return admission.admit(
-        policy(),
-        resource="resourceslices",
-        operation=operation,
-        username=username,
-        obj=new,
-        old=old,
-    )
+    return policies.decide(policy(), "resourceslices", operation, new, old, username=username)
 
 
 def test_the_overlay_binds_the_policy_to_deny() -> None:
-    docs = render(TARGET)
-    binding = find(docs, "ValidatingAdmissionPolicyBinding", NAME)
+    binding = policies.binding(TARGET, NAME)
     assert binding["spec"] == {"policyName": NAME, "validationActions": ["Deny"]}
     spec = policy()["spec"]
     assert spec["failurePolicy"] == "Fail"
@@ -88,12 +59,7 @@ def test_the_matched_user_is_the_aggregators_service_account() -> None:
 
 
 def test_every_expression_is_standard_cel() -> None:
-    spec = policy()["spec"]
-    found = [
-        *(c["expression"] for c in spec["matchConditions"]),
-        *(v["expression"] for v in spec["variables"]),
-        *(v["expression"] for v in spec["validations"]),
-    ]
+    found = policies.expressions(policy())
     assert len(found) == 4
     for expression in found:
         admission.check_standard(expression)

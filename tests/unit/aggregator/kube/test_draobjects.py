@@ -361,3 +361,26 @@ def test_claim_health_of_containers_and_init_containers() -> None:
 
 def test_claim_health_of_a_pod_with_garbage_status_is_empty() -> None:
     assert claim_health({"containerStatuses": {"c": 1}, "initContainerStatuses": 3}) == ()
+
+
+def test_claim_health_of_one_pod_is_capped_in_all() -> None:
+    """Each list within its cap, the product is not: containers x entries x devices."""
+    resources = [
+        {"resourceID": f"{RDMA}/gpu-1/mlx5-{i}", "health": "Healthy"}
+        for i in range(draobjects.MAX_HEALTH_ENTRIES)
+    ]
+    entries = [
+        {"name": f"claim:e{j}", "resources": resources}
+        for j in range(draobjects.MAX_HEALTH_ENTRIES)
+    ]
+    status = {
+        "containerStatuses": [
+            {"name": f"c{k}", "allocatedResourcesStatus": entries}
+            for k in range(draobjects.MAX_POD_CLAIMS)
+        ]
+    }
+    found = claim_health(status)
+    assert len(found) == draobjects.MAX_POD_HEALTH
+    assert found[0] == ClaimHealth(
+        container="c0", entry="e0", resource_id=f"{RDMA}/gpu-1/mlx5-0", health="Healthy"
+    )

@@ -109,7 +109,7 @@ def test_a_claim_on_a_port_that_is_down_names_device_reason_pods_and_fix() -> No
     }  # fmt: skip
     for text in ("ResourceClaim ml/train-0-nic", "mlx5-0 (RDMA device mlx5_0)", "port DOWN",
                  "Reserved by ml/train-0", "delete the pods", "deploy/dra/examples/rdma-nic.yaml",
-                 "DeviceClasses do not look at the port state"):  # fmt: skip
+                 "DeviceClasses select portState"):  # fmt: skip
         assert text in f.message
 
 

@@ -329,3 +329,63 @@ def test_an_allocated_gpu_and_nic_claim_checks_match_attribute(root: str, status
     }  # fmt: skip
     check = allocated.evidence["constraints"]["resource.kubernetes.io/pcieRoot"]
     assert check == {"holds": status == "ok", "values": {"gpu-0": root, "mlx5-0": fx.ROOT}}
+
+
+def test_a_pool_not_named_after_its_node_is_read_on_the_slices_node() -> None:
+    """The device's node is its slice's nodeName: a healthy device in a pool named
+    otherwise is not 'no inventory from an agent on <pool>'."""
+    cluster = fx.cluster(fx.claim(results=(fx.result(pool="rack-7"),)))
+    renamed = tuple(
+        msgspec.structs.replace(d, pool="rack-7") if d.node == "gpu-ib-01" else d
+        for d in cluster.dra_devices
+    )
+    cluster = msgspec.structs.replace(cluster, dra_devices=renamed)
+    result = chain(cluster=cluster)
+    healthy = link(result, "device-healthy")
+    assert healthy.status == "ok", healthy.cause
+    assert healthy.evidence["devices"]["mlx5-0"]["node"] == "gpu-ib-01"
+    assert result.verdict == "ok"
+
+
+def test_the_plugins_unhealthy_list_is_quoted_for_the_claims_devices_only() -> None:
+    """An agent's `unhealthy` map is as long as it makes it: the trace quotes the claim's
+    own devices from their own node's record, nothing else."""
+    flood = {f"mlx5-{i}": "port DOWN" for i in range(1, 5000)}
+    fleet = fx.fleet()
+    fleet["gpu-ib-01"] = fx.record(
+        fx.nodes()["gpu-ib-01"],
+        msgspec.structs.replace(fx.prepared(), unhealthy=flood),
+    )
+    fleet["gpu-ib-02"] = fx.record(
+        fx.nodes()["gpu-ib-02"],
+        msgspec.structs.replace(fx.prepared(), unhealthy={"mlx5-0": "forged"}),
+    )
+    healthy = link(chain(fleet=fleet), "device-healthy")
+    assert (healthy.status, healthy.evidence["agent_unhealthy"]) == ("ok", {})
+    fleet["gpu-ib-01"] = fx.record(
+        fx.nodes()["gpu-ib-01"],
+        msgspec.structs.replace(fx.prepared(), unhealthy={**flood, "mlx5-0": "port DOWN"}),
+    )
+    said = link(chain(fleet=fleet), "device-healthy").evidence["agent_unhealthy"]
+    assert said == {"mlx5-0": "port DOWN"}
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_pods_released_claim_is_not_a_fault(phase: str) -> None:
+    """Once the pod is done the controller unreserves its claim (and deletes a template's),
+    the kubelet unprepares it: nothing of that breaks the chain."""
+    done = fx.pod(phase=phase)
+    unreserved = chain(
+        done,
+        cluster=fx.cluster(fx.claim(reserved_for=())),
+        fleet=fx.fleet(DraPluginStatus(state="registered")),
+    )
+    assert unreserved.verdict != "broken", unreserved.verdict_reason
+    assert statuses(unreserved)["pod"] == statuses(unreserved)["prepared"] == "unknown"
+    assert phase in link(unreserved, "pod").evidence["reason"]
+    gone = chain(done, cluster=fx.cluster(msgspec.structs.replace(fx.claim(), name="other")))
+    assert (gone.verdict, statuses(gone)["claim"]) == ("unknown", "unknown")
+    deleting = chain(done, cluster=fx.cluster(fx.claim(deleting=True)))
+    assert statuses(deleting)["claim"] == "unknown"
+    # A pod still running with its claim gone is broken as before.
+    assert chain(cluster=fx.cluster(fx.claim(deleting=True))).verdict == "broken"
