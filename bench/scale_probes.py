@@ -1,6 +1,8 @@
 """Probes for bench/ingest_scale.py (issue 8): the aggregator and the bare subscriber as
 processes with their /metrics, API and /proc figures, nats-server's monitoring endpoint,
-and the py-spy summary. Imported by the harness; not a script of its own.
+and the py-spy summary. Imported by the harness; not a script of its own, so it has no
+--smoke of its own: `bench/ingest_scale.py --smoke` (and `bench/shard_scale.py --smoke`),
+which `make test` runs, exercise these probes.
 """
 
 from __future__ import annotations

@@ -51,6 +51,14 @@ def node_devices(snapshot: NodeSnapshot, settings: SliceSettings) -> dict[str, M
     }
 
 
+def status_devices(
+    snapshot: NodeSnapshot, status: DevicePluginStatus | None, base: SliceSettings
+) -> dict[str, Mapping[str, Any]]:
+    """`node_devices` with the settings the node's agent reported over `base`: what the
+    node publishes, for the trace and the rules."""
+    return node_devices(snapshot, node_slice_settings(status, base))
+
+
 def device_problem(entry: Mapping[str, Any] | None, *, stale: bool) -> str | None:
     """None when the device is allocatable; else why not: not published (gone from the
     node), the node silent, or its port not ACTIVE."""

@@ -17,7 +17,7 @@ from aggregator.cluster import DraClaim, DraDevice, DraResult
 from aggregator.dra import builtin
 from aggregator.dra.celenv import CelCompileError
 from aggregator.dra.explain import Explanation, NodeResult, explain
-from aggregator.dra.nodedevices import device_problem, node_devices, node_slice_settings
+from aggregator.dra.nodedevices import device_problem, status_devices
 from aggregator.dra.objects import Claim, Device, DeviceClass, InvalidObject, Selector, parse_claim
 from aggregator.fleet.state import NodeRecord
 from aggregator.fleet.views import node_state
@@ -141,8 +141,7 @@ def _node_entries(ctx: ClaimContext, node: str) -> Mapping[str, Mapping[str, Any
     record = ctx.fleet.get(node)
     if record is None or record.snapshot is None:
         return None
-    settings = node_slice_settings(record.device_plugin, SliceSettings())
-    return node_devices(record.snapshot, settings)
+    return status_devices(record.snapshot, record.device_plugin, SliceSettings())
 
 
 def _device_node(result: DraResult, published: Mapping[_Key, DraDevice]) -> str:
